@@ -1,0 +1,142 @@
+"""BlockManager: accounts for KV-cache blocks; never decides who runs.
+
+Blocks are fixed-size slabs of `block_size` token slots. Each block has a reference count;
+a block whose count drops to zero returns to the free queue but keeps its prefix-cache key
+(if it was full) until it is handed out again, so a later request with the same prefix can
+take it back ("touch"). Allocation pops the free queue's head, so the least recently freed
+block is evicted first; a finished sequence's blocks are queued tail-first, so its deepest
+blocks go before its shared root.
+
+A full block's key is hash(parent key, its token ids): equal keys mean equal whole prefixes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+
+from argosy.engine.sequence import Sequence
+
+
+def block_key(parent: bytes | None, token_ids: list[int]) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(parent or b"root")
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.keys: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # key -> block id
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.num_prefix_queries = 0  # prompt tokens looked up
+        self.num_prefix_hits = 0  # prompt tokens found
+
+    # -- queries -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def update_keys(self, seq: Sequence) -> None:
+        """Extend `seq.block_hashes` over every full block of its known tokens."""
+        bs = self.block_size
+        num_full = seq.num_tokens // bs
+        for i in range(len(seq.block_hashes), num_full):
+            parent = seq.block_hashes[i - 1] if i else None
+            tokens = [seq.token_at(j) for j in range(i * bs, (i + 1) * bs)]
+            seq.block_hashes.append(block_key(parent, tokens))
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """Block ids holding the longest cached prefix of `seq` (its last token excluded,
+        so at least one token is always computed and no shared block is written)."""
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return []
+        self.update_keys(seq)
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        for key in seq.block_hashes[:max_blocks]:
+            block_id = self.cached.get(key)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def _num_needed(self, seq: Sequence, num_new_tokens: int, num_cached_blocks: int) -> int:
+        total = seq.num_computed_tokens + num_cached_blocks * self.block_size + num_new_tokens
+        return max(0, self.num_blocks_for(total) - len(seq.block_table) - num_cached_blocks)
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int]) -> bool:
+        # cached blocks that sit in the free queue stop being free once touched
+        num_revived = sum(1 for b in cached_blocks if self.ref_counts[b] == 0)
+        needed = self._num_needed(seq, num_new_tokens, len(cached_blocks))
+        return needed + num_revived <= self.num_free_blocks
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self._num_needed(seq, num_new_tokens, 0) <= self.num_free_blocks
+
+    # -- transitions ---------------------------------------------------------------------
+    def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int]) -> None:
+        """Admit `seq`: take its cached prefix blocks, then fresh blocks for
+        `num_new_tokens` more tokens. Sets `num_computed_tokens` past the cached prefix."""
+        assert not seq.block_table, "allocate() is for sequences holding no blocks"
+        if seq.params.prompt_logprobs is None:
+            self.num_prefix_queries += seq.num_prompt_tokens
+            self.num_prefix_hits += min(len(cached_blocks) * self.block_size, seq.num_prompt_tokens)
+        for block_id in cached_blocks:
+            if self.ref_counts[block_id] == 0:
+                del self.free_queue[block_id]
+            self.ref_counts[block_id] += 1
+            seq.block_table.append(block_id)
+        seq.num_computed_tokens = len(cached_blocks) * self.block_size
+        self.append_slots(seq, num_new_tokens)
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        for _ in range(self._num_needed(seq, num_new_tokens, 0)):
+            seq.block_table.append(self._pop_free())
+
+    def free(self, seq: Sequence) -> None:
+        for block_id in reversed(seq.block_table):
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                self.free_queue[block_id] = None
+        seq.block_table = []
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Publish the keys of blocks that became full of computed tokens."""
+        if not self.enable_prefix_caching:
+            return
+        self.update_keys(seq)
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        for i in range(num_full):
+            block_id = seq.block_table[i]
+            if self.keys[block_id] is not None:
+                continue
+            key = seq.block_hashes[i]
+            if key in self.cached:  # an identical block exists already; keep that one
+                continue
+            self.keys[block_id] = key
+            self.cached[key] = block_id
+
+    def reset_prefix_cache(self) -> None:
+        for key, block_id in list(self.cached.items()):
+            if self.ref_counts[block_id] == 0:
+                self.keys[block_id] = None
+                del self.cached[key]
+
+    def _pop_free(self) -> int:
+        block_id, _ = self.free_queue.popitem(last=False)
+        key = self.keys[block_id]
+        if key is not None:  # evict: this block's content is about to be overwritten
+            del self.cached[key]
+            self.keys[block_id] = None
+        self.ref_counts[block_id] = 1
+        return block_id

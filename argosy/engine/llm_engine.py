@@ -1,0 +1,248 @@
+"""LLMEngine: the synchronous engine — add_request / step / abort.
+
+One step = schedule (scheduler) -> execute (model runner) -> update (append sampled
+tokens, check stop conditions, free finished requests). Not thread-safe: the async engine
+drives it from a single thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from argosy.config import QOS_CLASSES, EngineConfig
+from argosy.engine.block_manager import BlockManager
+from argosy.engine.outputs import EngineStats, RequestOutput
+from argosy.engine.scheduler import Scheduler, SchedulerOutput
+from argosy.engine.sequence import Sequence
+from argosy.errors import ContextLengthExceededError, InvalidRequestError, ModelLoadError
+from argosy.models.llama import DecoderForCausalLM
+from argosy.models.registry import builder_for
+from argosy.models.source import ModelSource
+from argosy.runner.model_runner import ModelRunner, StepResult, kv_bytes_per_block
+from argosy.runner.structured import TokenGuide
+from argosy.sampling_params import SamplingParams
+
+log = logging.getLogger("argosy.engine")
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.startswith("cuda"):
+        return torch.bfloat16
+    caps = torch._C._cpu._get_cpu_capability()
+    has_bf16 = bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    return torch.bfloat16 if has_bf16 else torch.float32
+
+
+def load_model(source: ModelSource, dtype: torch.dtype) -> DecoderForCausalLM:
+    model = builder_for(source.architecture)(source.hf_config)
+    assert isinstance(model, DecoderForCausalLM)
+    files = sorted(Path(source.weights_dir).glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"no *.safetensors files in {source.weights_dir}")
+
+    def weights():  # type: ignore[no-untyped-def]
+        for file in files:
+            yield from load_file(str(file)).items()
+
+    model.load_weights(weights())
+    return model.to(dtype).eval()
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, source: ModelSource | None = None) -> None:
+        started = time.perf_counter()
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        if source is None:
+            from argosy.models.loader import resolve_model  # reads files; only when needed
+
+            source = resolve_model(config.model, config.cache_dir)
+        self.source = source
+        self.dtype = resolve_dtype(config.dtype, config.device)
+        self.model = load_model(self.source, self.dtype)
+        cfg = self.model.config
+        per_block = kv_bytes_per_block(cfg.num_layers, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        self.num_blocks = max(2, config.kv_cache_memory // per_block)
+        capacity = self.num_blocks * config.block_size
+        self.max_model_len = min(config.max_model_len or self.source.context_length, capacity)
+        self.vocab_size = cfg.vocab_size
+        self.eos_token_ids = set(self.source.eos_token_ids)
+        self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.num_blocks, config.block_size, self.dtype, cfg.vocab_size, config.seed)
+        self.sequences: dict[str, Sequence] = {}
+        log.info(
+            "engine ready: %s (%s) dtype=%s blocks=%d x %d max_model_len=%d in %.1fs",
+            self.source.name,
+            self.source.architecture,
+            str(self.dtype).removeprefix("torch."),
+            self.num_blocks,
+            config.block_size,
+            self.max_model_len,
+            time.perf_counter() - started,
+        )
+
+    # -- requests ------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self.source.tokenizer.encode(text, add_special_tokens=True).ids
+        bos = self.source.bos_token_id
+        if self.source.add_bos_token and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
+        return ids
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams, qos: str = "interactive") -> None:
+        """Every check that needs no engine state; raises typed errors."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"Token id {bad[0]} is out of range for a vocabulary of {self.vocab_size}.", param="prompt"
+            )
+        if params.logit_bias:
+            bad = [t for t in params.logit_bias if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidRequestError(
+                    f"logit_bias token id {bad[0]} is out of range for a vocabulary of {self.vocab_size}.",
+                    param="logit_bias",
+                )
+        if qos not in QOS_CLASSES:
+            raise InvalidRequestError(f"Unknown QoS class {qos!r}; use one of {', '.join(QOS_CLASSES)}.", "priority")
+        requested = params.max_tokens or 1
+        if n + requested > self.max_model_len:
+            raise ContextLengthExceededError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{n + requested} tokens ({n} in the prompt, {requested} in the completion). "
+                "Please reduce the prompt or the completion length.",
+                param="max_tokens" if n < self.max_model_len else "prompt",
+            )
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        qos: str = "interactive",
+        guide: TokenGuide | None = None,
+    ) -> None:
+        if request_id in self.sequences:
+            raise InvalidRequestError(f"Request id {request_id!r} is already in flight.")
+        self.validate(prompt_token_ids, params, qos)
+        seq = Sequence(request_id, list(prompt_token_ids), params, qos=qos, guide=guide)
+        if params.prompt_logprobs is not None:
+            seq.prompt_logprobs.append(None)
+        self.sequences[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.finish(seq, "abort")
+        self.runner.release(request_id)
+        return self._output(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- one step ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        try:
+            result = self.runner.execute(out)
+        except Exception as exc:  # fail this step's requests alone; the loop goes on
+            log.exception("step failed; failing its %d requests", len(out.scheduled))
+            return [self._fail(req.seq, exc) for req in out.scheduled]
+        return self._update(out, result)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
+        self.scheduler.finish(seq, "error")
+        self.sequences.pop(seq.request_id, None)
+        self.runner.release(seq.request_id)
+        out = self._output(seq)
+        out.error = f"{type(exc).__name__}: {exc}"
+        return out
+
+    def _update(self, out: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+        for req in out.scheduled:
+            lps = result.prompt_logprobs.get(req.seq.request_id)
+            if lps and len(req.seq.prompt_logprobs) == req.seq.num_computed_tokens + 1:
+                req.seq.prompt_logprobs.extend(lps)  # skipped when recomputing after preemption
+        self.scheduler.advance(out)
+        outputs = []
+        for req in out.scheduled:
+            seq = req.seq
+            sampled = result.sampled.get(seq.request_id)
+            if sampled is None:
+                continue
+            token_id, logprob = sampled
+            seq.output_token_ids.append(token_id)
+            if logprob is not None:
+                seq.output_logprobs.append(logprob)
+            self._check_stop(seq, token_id)
+            outputs.append(self._output(seq))
+            if seq.is_finished:
+                self.sequences.pop(seq.request_id, None)
+                self.runner.release(seq.request_id)
+        return outputs
+
+    def _check_stop(self, seq: Sequence, token_id: int) -> None:
+        params = seq.params
+        if seq.guide is not None and not seq.guide.accept_token(token_id):
+            log.warning("grammar rejected token %d for %s", token_id, seq.request_id)
+        if token_id in params.stop_token_ids:
+            self.scheduler.finish(seq, "stop", token_id)
+        elif not params.ignore_eos and token_id in self.eos_token_ids:
+            self.scheduler.finish(seq, "stop")
+        elif seq.guide is not None and seq.guide.is_terminated():
+            self.scheduler.finish(seq, "stop")
+        elif params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            self.scheduler.finish(seq, "length")
+        elif seq.num_tokens >= self.max_model_len:
+            self.scheduler.finish(seq, "length")
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        start = seq.num_reported_tokens
+        seq.num_reported_tokens = seq.num_output_tokens
+        prompt_logprobs = None
+        if seq.params.prompt_logprobs is not None and not seq.is_prompt_logprobs_reported:
+            if len(seq.prompt_logprobs) == seq.num_prompt_tokens or seq.is_finished:
+                prompt_logprobs = seq.prompt_logprobs
+                seq.is_prompt_logprobs_reported = True
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=seq.output_token_ids[start:],
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            new_logprobs=seq.output_logprobs[start:] if seq.params.logprobs is not None else None,
+            prompt_logprobs=prompt_logprobs,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_free_blocks=bm.num_free_blocks,
+            num_total_blocks=bm.num_blocks,
+            num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=bm.num_prefix_queries,
+            prefix_cache_hits=bm.num_prefix_hits,
+        )

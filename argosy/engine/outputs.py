@@ -1,0 +1,54 @@
+"""What the engine hands back: plain data, one RequestOutput per request per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """A token's log-probability (log-softmax of the raw logits) and its top alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token_id, logprob), best first
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """An incremental update for one request.
+
+    `new_token_ids` / `new_logprobs` / `text_delta` hold only what is new since the last
+    output. `prompt_logprobs` arrives once (first entry None: the first prompt token has
+    no prefix). `finish_reason` is "stop" (EOS, stop token or stop string), "length"
+    (max_tokens or context full), "abort" (cancelled) or "error".
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    num_prompt_tokens: int
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0  # total so far
+    new_logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    text_delta: str = ""
+    finished: bool = False
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+
+    @property
+    def kv_cache_usage(self) -> float:
+        used = self.num_total_blocks - self.num_free_blocks
+        return used / self.num_total_blocks if self.num_total_blocks else 0.0

@@ -1,0 +1,153 @@
+"""Scheduler: decides which requests run this step and how many tokens each computes.
+
+Each step has a token budget. Decodes (one token each) are placed first so a long prompt
+never stalls them; prefill chunks share what is left. Admission and preemption follow
+priority: QoS class first (interactive > background > inline), then arrival. When blocks
+run out, the lowest-priority, newest running request is preempted: its blocks are freed
+and it goes back to the waiting queue to be recomputed later (never failed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from argosy.engine.block_manager import BlockManager
+from argosy.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def is_sampling(self) -> bool:
+        """True when this step computes the sequence's last known token (so it samples)."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(r.num_new_tokens for r in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+def _priority(seq: Sequence) -> tuple[int, int]:
+    return (seq.qos_rank, seq.arrival)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        self.running.sort(key=_priority)
+        decodes = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
+        prefills = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
+        for seq in decodes + prefills:
+            if budget <= 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._make_room(seq, num_new, out):
+                continue
+            self.block_manager.append_slots(seq, num_new)
+            out.scheduled.append(ScheduledRequest(seq, num_new))
+            budget -= num_new
+        return budget
+
+    def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        """Preempt lowest-priority running requests until `seq` fits; False if `seq` itself
+        had to go."""
+        while not self.block_manager.can_append(seq, num_new):
+            victim = max(
+                (s for s in self.running if s.status is SequenceStatus.RUNNING), key=_priority
+            )
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.running.remove(seq)
+        self.waiting.append(seq)
+        # drop it from this step's batch if it was already placed there
+        out.scheduled = [r for r in out.scheduled if r.seq is not seq]
+        out.preempted.append(seq)
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        self.waiting.sort(key=_priority)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            cached = self.block_manager.find_cached_prefix(seq)
+            num_cached_tokens = len(cached) * self.block_manager.block_size
+            num_new = min(seq.num_tokens - num_cached_tokens, budget)
+            if not self.block_manager.can_allocate(seq, num_new, cached):
+                break
+            self.block_manager.allocate(seq, num_new, cached)
+            if seq.is_first_admission:
+                seq.num_cached_tokens = min(num_cached_tokens, seq.num_prompt_tokens)
+                seq.is_first_admission = False
+            self.waiting.pop(0)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledRequest(seq, num_new))
+            budget -= num_new
+
+    # -- after the step ------------------------------------------------------------------
+    def advance(self, out: SchedulerOutput) -> None:
+        """Mark the scheduled tokens computed and publish newly full blocks."""
+        for req in out.scheduled:
+            req.seq.num_computed_tokens += req.num_new_tokens
+            self.block_manager.cache_full_blocks(req.seq)
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        if seq.is_finished:
+            return
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+        self.block_manager.free(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)

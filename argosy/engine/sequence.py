@@ -1,0 +1,87 @@
+"""Sequence: one request's tokens and its place in the KV cache.
+
+Invariants: `num_computed_tokens <= num_tokens`; the KV of tokens [0, num_computed_tokens)
+lives in the blocks of `block_table`, in order; `block_hashes[i]` is the prefix-cache key
+of block i once that block is full of computed tokens.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from argosy.engine.outputs import TokenLogprob
+from argosy.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from argosy.runner.structured import TokenGuide
+
+QOS_RANK = {"interactive": 0, "background": 1, "inline": 2}  # lower rank = served first
+
+_arrival_counter = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    qos: str = "interactive"
+    guide: TokenGuide | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_preemptions: int = 0
+    arrival: int = field(default_factory=lambda: next(_arrival_counter))
+    # offsets into outputs already reported (the engine emits deltas)
+    num_reported_tokens: int = 0
+    is_prompt_logprobs_reported: bool = False
+    is_first_admission: bool = True
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def qos_rank(self) -> int:
+        return QOS_RANK[self.qos]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Still computing tokens it already has (prompt, or outputs after a preemption)."""
+        return self.num_computed_tokens < self.num_tokens - 1
+
+    def token_at(self, index: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids

@@ -1,0 +1,60 @@
+"""Typed errors raised anywhere in Argosy and rendered once, at the edge, per dialect.
+
+Each error carries a `kind` (a key of api/errors.py's table: HTTP status and type string),
+a human message and, where a client field is at fault, the `param` that names it.
+"""
+
+from __future__ import annotations
+
+
+class ArgosyError(Exception):
+    kind: str = "internal_error"
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class InvalidRequestError(ArgosyError):
+    """The client asked for something malformed or out of range (HTTP 400)."""
+
+    kind = "invalid_request"
+
+
+class ContextLengthExceededError(InvalidRequestError):
+    """Prompt (plus requested output) does not fit the model's context (HTTP 400)."""
+
+    kind = "context_length_exceeded"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, param=param, code="context_length_exceeded")
+
+
+class NotFoundError(ArgosyError):
+    """Unknown model, response or session (HTTP 404)."""
+
+    kind = "not_found"
+
+
+class OverloadedError(ArgosyError):
+    """Admission refused: queue full (HTTP 503 with Retry-After)."""
+
+    kind = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ModelLoadError(ArgosyError):
+    """A model file or folder could not be read or is of an unsupported kind."""
+
+    kind = "model_load_error"
+
+
+class EngineDeadError(ArgosyError):
+    """The engine loop stopped; no request can be served (HTTP 500)."""
+
+    kind = "internal_error"

@@ -1,0 +1,196 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral) — also the base for Qwen2/Qwen3.
+
+Our own module so attention can read and write the paged KV cache. Q/K/V and gate/up are
+fused into one matmul each; `load_weights` maps Hugging Face tensor names onto them.
+Numerics follow transformers (RMSNorm in fp32 then cast; RoPE cos/sin in model dtype) so
+greedy outputs match it token for token on the same weights and dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from argosy.errors import ModelLoadError
+from argosy.models.decoder_config import DecoderConfig
+from argosy.runner.attention import AttentionBackend, AttentionMetadata, CpuPagedAttention
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, D]; cos/sin: [T, 1, D] (rotate-half layout, as transformers)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.backend = backend
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = meta.cos.unsqueeze(1), meta.sin.unsqueeze(1)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.o_proj(self.backend.forward(q, k, v, k_cache, v_cache, meta))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, backend)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# HF name fragment -> (our fused parameter, shard index)
+_STACKED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class DecoderForCausalLM(nn.Module):
+    def __init__(self, cfg: DecoderConfig, backend: AttentionBackend | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        backend = backend or CpuPagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", cfg.inv_freq(), persistent=False)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, k_cache, v_cache, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            target, shard = name, None
+            for fragment, (fused, index) in _STACKED.items():
+                if f".{fragment}." in name:
+                    target, shard = name.replace(fragment, fused), index
+                    break
+            param = params.get(target)
+            if param is None:
+                raise ModelLoadError(f"unexpected weight {hf_name!r} for this architecture")
+            if shard is None:
+                _copy(param, tensor, hf_name)
+            else:
+                _copy(self._shard(target, param, shard), tensor, hf_name)
+            loaded.add(f"{target}#{shard}")
+        missing = [n for n in params if not _is_loaded(n, loaded, self.config)]
+        if missing:
+            raise ModelLoadError(f"weights missing from the checkpoint: {missing[:5]}")
+
+    def _shard(self, name: str, param: torch.Tensor, index: int) -> torch.Tensor:
+        cfg = self.config
+        if "qkv_proj" in name:
+            q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            bounds = [(0, q), (q, q + kv), (q + kv, q + 2 * kv)][index]
+        else:
+            i = cfg.intermediate_size
+            bounds = [(0, i), (i, 2 * i)][index]
+        return param.narrow(0, bounds[0], bounds[1] - bounds[0])
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ModelLoadError(f"weight {name!r} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+    dst.copy_(src)
+
+
+def _is_loaded(name: str, loaded: set[str], cfg: DecoderConfig) -> bool:
+    if name == "lm_head.weight" and cfg.tie_word_embeddings:
+        return True
+    if "qkv_proj" in name or "gate_up_proj" in name:
+        count = 3 if "qkv_proj" in name else 2
+        return all(f"{name}#{i}" in loaded for i in range(count))
+    return f"{name}#None" in loaded
+
+
+def build(hf_config: dict, backend: AttentionBackend | None = None) -> DecoderForCausalLM:
+    return DecoderForCausalLM(DecoderConfig.from_hf(hf_config), backend)

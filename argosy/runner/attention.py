@@ -1,0 +1,119 @@
+"""Paged attention over a block-structured KV cache.
+
+The flattened batch holds decode tokens first (one per sequence), then prefill chunks.
+`AttentionMetadata` is built once per step by the model runner and passed explicitly to
+every layer (no globals). `CpuPagedAttention` is the CPU backend; a CUDA backend plugs in
+behind the same `forward(q, k, v, k_cache, v_cache, meta)` seam.
+
+KV cache layout per layer: [num_blocks * block_size, num_kv_heads, head_dim] ("slots").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    token_start: int  # index of the chunk's first token in the flattened batch
+    num_query_tokens: int
+    context_len: int  # tokens of context including this chunk
+    context_slots: torch.Tensor  # [context_len] slot ids of the whole context
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] where each token's K/V is written
+    cos: torch.Tensor  # [num_tokens, head_dim] RoPE, model dtype
+    sin: torch.Tensor
+    num_decodes: int = 0
+    decode_slots: torch.Tensor | None = None  # [num_decodes * max_context] gather index
+    decode_max_context: int = 0
+    decode_bias: torch.Tensor | None = None  # [num_decodes, 1, 1, max_context] 0 / -inf
+    prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+class AttentionBackend(Protocol):
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor: ...
+
+
+class CpuPagedAttention:
+    """q: [T, H, D]; k, v: [T, KVH, D]. Returns [T, H * D]."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.group = num_heads // num_kv_heads
+        self.scale = head_dim**-0.5
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        k_cache.index_copy_(0, meta.slot_mapping, k)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        if meta.num_decodes:
+            out[: meta.num_decodes] = self._decode(q[: meta.num_decodes], k_cache, v_cache, meta)
+        for chunk in meta.prefills:
+            rows = slice(chunk.token_start, chunk.token_start + chunk.num_query_tokens)
+            out[rows] = self._prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk)
+        return out.view(q.shape[0], self.num_heads * self.head_dim)
+
+    def _decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        # Grouped-query decode as plain matmuls against un-repeated K/V: much faster on CPU
+        # than SDPA with enable_gqa (see shared/notes/cpu-decode-probe.md).
+        n, ctx = meta.num_decodes, meta.decode_max_context
+        assert meta.decode_slots is not None and meta.decode_bias is not None
+        keys = k_cache[meta.decode_slots].view(n, ctx, self.num_kv_heads, self.head_dim)
+        values = v_cache[meta.decode_slots].view(n, ctx, self.num_kv_heads, self.head_dim)
+        qg = q.view(n, self.num_kv_heads, self.group, self.head_dim)
+        scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)).float()  # [n, kvh, g, ctx]
+        scores = scores * self.scale + meta.decode_bias
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        out = torch.matmul(probs, values.transpose(1, 2))  # [n, kvh, g, D]
+        return out.reshape(n, self.num_heads, self.head_dim)
+
+    def _prefill(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        chunk: PrefillChunk,
+    ) -> torch.Tensor:
+        qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, Lq, D]
+        if chunk.context_len == chunk.num_query_tokens:  # no earlier context: plain causal
+            keys, values, mask, causal = k, v, None, True
+        else:
+            keys = k_cache[chunk.context_slots]
+            values = v_cache[chunk.context_slots]
+            offset = chunk.context_len - chunk.num_query_tokens
+            rows = torch.arange(chunk.num_query_tokens).unsqueeze(1) + offset
+            mask = torch.arange(chunk.context_len).unsqueeze(0) <= rows
+            causal = False
+        kh = keys.transpose(0, 1).repeat_interleave(self.group, dim=0).unsqueeze(0)
+        vh = values.transpose(0, 1).repeat_interleave(self.group, dim=0).unsqueeze(0)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal)
+        return out.squeeze(0).transpose(0, 1)

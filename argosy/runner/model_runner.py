@@ -1,0 +1,158 @@
+"""ModelRunner: owns the model and the KV tensors; turns a scheduled batch into tokens.
+
+It prepares inputs (flattened tokens, positions, slots, attention metadata), runs the
+model, and samples. It makes no policy decision: who runs and how much is the
+scheduler's call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from argosy.engine.outputs import TokenLogprob
+from argosy.engine.scheduler import ScheduledRequest, SchedulerOutput
+from argosy.engine.sequence import Sequence
+from argosy.runner.attention import AttentionMetadata, PrefillChunk
+from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
+
+
+@dataclass(slots=True)
+class StepResult:
+    sampled: dict[str, tuple[int, TokenLogprob | None]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+
+
+def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: nn.Module,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        vocab_size: int,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.dtype = dtype
+        cfg = model.config
+        slots = num_blocks * block_size
+        self.kv_caches = [
+            (
+                torch.zeros(slots, cfg.num_kv_heads, cfg.head_dim, dtype=dtype),
+                torch.zeros(slots, cfg.num_kv_heads, cfg.head_dim, dtype=dtype),
+            )
+            for _ in range(cfg.num_layers)
+        ]
+        self.sampler = Sampler(vocab_size, torch.Generator().manual_seed(seed))
+        self.generators: dict[str, torch.Generator] = {}
+
+    def release(self, request_id: str) -> None:
+        self.generators.pop(request_id, None)
+
+    def _slots(self, seq: Sequence, start: int, stop: int) -> torch.Tensor:
+        table = torch.tensor(seq.block_table, dtype=torch.long)
+        all_slots = (table.unsqueeze(1) * self.block_size + torch.arange(self.block_size)).view(-1)
+        return all_slots[start:stop]
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        # decodes first (one token each), then prefill chunks
+        batch = sorted(out.scheduled, key=lambda r: r.num_new_tokens != 1)
+        meta, input_ids, positions = self._prepare(batch)
+        hidden = self.model(input_ids, self.kv_caches, meta)
+        result = StepResult()
+        sampling = [(i, r) for i, r in enumerate(batch) if r.is_sampling]
+        offsets = self._token_offsets(batch)
+        for i, req in enumerate(batch):
+            if req.seq.params.prompt_logprobs is not None:
+                lps = self._prompt_logprobs(hidden, offsets[i], req)
+                if lps:
+                    result.prompt_logprobs[req.seq.request_id] = lps
+        if sampling:
+            last = torch.tensor([offsets[i] + r.num_new_tokens - 1 for i, r in sampling], dtype=torch.long)
+            logits = self.model.compute_logits(hidden[last])
+            rows = [self._sampling_row(r.seq) for _, r in sampling]
+            for (_, req), sampled in zip(sampling, self.sampler(logits, rows), strict=True):
+                result.sampled[req.seq.request_id] = sampled
+        return result
+
+    @staticmethod
+    def _token_offsets(batch: list[ScheduledRequest]) -> list[int]:
+        offsets, total = [], 0
+        for req in batch:
+            offsets.append(total)
+            total += req.num_new_tokens
+        return offsets
+
+    def _sampling_row(self, seq: Sequence) -> SamplingRow:
+        generator = None
+        if seq.params.seed is not None and not seq.params.is_greedy:
+            generator = self.generators.get(seq.request_id)
+            if generator is None:
+                generator = torch.Generator().manual_seed(seq.params.seed)
+                self.generators[seq.request_id] = generator
+        return SamplingRow(seq.params, seq.prompt_token_ids, seq.output_token_ids, generator, seq.guide)
+
+    def _prepare(self, batch: list[ScheduledRequest]) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
+        ids: list[int] = []
+        pos: list[int] = []
+        slot_parts: list[torch.Tensor] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillChunk] = []
+        for req in batch:
+            seq, start = req.seq, req.seq.num_computed_tokens
+            stop = start + req.num_new_tokens
+            token_start = len(ids)
+            ids.extend(seq.token_at(j) for j in range(start, stop))
+            pos.extend(range(start, stop))
+            if req.num_new_tokens == 1:
+                slot_parts.append(self._slots(seq, start, stop))
+                decode_tables.append(seq.block_table)
+                decode_lens.append(stop)
+            else:
+                context_slots = self._slots(seq, 0, stop)
+                slot_parts.append(context_slots[start:stop])
+                prefills.append(PrefillChunk(token_start, req.num_new_tokens, stop, context_slots))
+        positions = torch.tensor(pos, dtype=torch.long)
+        cos, sin = self.model.rope(positions, self.dtype)
+        meta = AttentionMetadata(torch.cat(slot_parts), cos, sin, prefills=prefills)
+        if decode_tables:
+            self._prepare_decodes(meta, decode_tables, decode_lens)
+        return meta, torch.tensor(ids, dtype=torch.long), positions
+
+    def _prepare_decodes(self, meta: AttentionMetadata, tables: list[list[int]], lens: list[int]) -> None:
+        bs = self.block_size
+        max_blocks = max(len(t) for t in tables)
+        padded = torch.zeros(len(tables), max_blocks, dtype=torch.long)
+        for i, table in enumerate(tables):
+            padded[i, : len(table)] = torch.tensor(table, dtype=torch.long)
+        ctx = max_blocks * bs
+        meta.num_decodes = len(tables)
+        meta.decode_max_context = ctx
+        meta.decode_slots = (padded.unsqueeze(2) * bs + torch.arange(bs)).view(-1)
+        valid = torch.arange(ctx).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+        bias = torch.zeros(len(tables), ctx).masked_fill(~valid, float("-inf"))
+        meta.decode_bias = bias.view(len(tables), 1, 1, ctx)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, offset: int, req: ScheduledRequest) -> list[TokenLogprob]:
+        """Logprob of each prompt token given its prefix, for prompt positions in this chunk."""
+        seq = req.seq
+        start = seq.num_computed_tokens
+        stop = min(start + req.num_new_tokens, seq.num_prompt_tokens - 1)
+        if stop <= start:
+            return []
+        rows = hidden[offset : offset + (stop - start)]
+        logprobs = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
+        num_top = seq.params.prompt_logprobs or 0
+        return [
+            make_logprob(logprobs[j], seq.prompt_token_ids[start + j + 1], num_top) for j in range(stop - start)
+        ]
