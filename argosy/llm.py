@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,7 @@ class LLM:
 
     def generate(
         self,
-        prompts: str | list[str] | list[list[int]],
+        prompts: str | Sequence[str | list[int]],  # text, or token ids
         params: SamplingParams | list[SamplingParams] | None = None,
         qos: str = "interactive",
     ) -> list[GenerationResult]:

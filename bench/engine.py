@@ -96,7 +96,9 @@ def bench_argosy(args: argparse.Namespace, rng: random.Random) -> dict[str, floa
         gc.collect()
         before = rss_mb()
         for _ in range(args.soak // 50):
-            run_engine(engine, [random_prompt(rng, rng.randrange(8, 64), vocab) for _ in range(50)], greedy(4))
+            run_engine(
+                engine, [random_prompt(rng, rng.randrange(8, 64), vocab) for _ in range(50)], greedy(4)
+            )
         gc.collect()
         res["soak_rss_before_mb"], res["soak_rss_after_mb"] = before, rss_mb()
     return res
@@ -114,8 +116,12 @@ def bench_transformers(args: argparse.Namespace, rng: random.Random, weights_dir
         start = time.perf_counter()
         with torch.inference_mode():
             model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                do_sample=False, pad_token_id=0,
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
             )
         return time.perf_counter() - start
 
@@ -127,7 +133,9 @@ def bench_transformers(args: argparse.Namespace, rng: random.Random, weights_dir
         p = random_prompt(rng, 16, vocab)
         rates.append((n - 1) / (gen([p], n) - gen([p], 1)))
     res["decode_1"] = statistics.median(rates)
-    res["prefill"] = statistics.median(1000 / gen([random_prompt(rng, 1000, vocab)], 1) for _ in range(args.repeats))
+    res["prefill"] = statistics.median(
+        1000 / gen([random_prompt(rng, 1000, vocab)], 1) for _ in range(args.repeats)
+    )
     for conc in args.concurrency:
         batch = [random_prompt(rng, 16, vocab) for _ in range(conc)]
         res[f"aggregate_{conc}"] = conc * n / gen(batch, n)

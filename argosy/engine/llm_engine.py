@@ -42,7 +42,7 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return torch.bfloat16 if has_bf16 else torch.float32
 
 
-def load_model(source: ModelSource, dtype: torch.dtype) -> DecoderForCausalLM:
+def load_model(source: ModelSource, dtype: torch.dtype, device: str = "cpu") -> DecoderForCausalLM:
     model = builder_for(source.architecture)(source.hf_config)
     assert isinstance(model, DecoderForCausalLM)
     files = sorted(Path(source.weights_dir).glob("*.safetensors"))
@@ -54,7 +54,7 @@ def load_model(source: ModelSource, dtype: torch.dtype) -> DecoderForCausalLM:
             yield from load_file(str(file)).items()
 
     model.load_weights(weights())
-    return model.to(dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()
 
 
 class LLMEngine:
@@ -69,9 +69,11 @@ class LLMEngine:
             source = resolve_model(config.model, config.cache_dir)
         self.source = source
         self.dtype = resolve_dtype(config.dtype, config.device)
-        self.model = load_model(self.source, self.dtype)
+        self.model = load_model(self.source, self.dtype, config.device)
         cfg = self.model.config
-        per_block = kv_bytes_per_block(cfg.num_layers, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        per_block = kv_bytes_per_block(
+            cfg.num_layers, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype
+        )
         self.num_blocks = max(2, config.kv_cache_memory // per_block)
         capacity = self.num_blocks * config.block_size
         self.max_model_len = min(config.max_model_len or self.source.context_length, capacity)
@@ -79,7 +81,15 @@ class LLMEngine:
         self.eos_token_ids = set(self.source.eos_token_ids)
         self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.num_blocks, config.block_size, self.dtype, cfg.vocab_size, config.seed)
+        self.runner = ModelRunner(
+            self.model,
+            self.num_blocks,
+            config.block_size,
+            self.dtype,
+            cfg.vocab_size,
+            config.seed,
+            config.device,
+        )
         self.sequences: dict[str, Sequence] = {}
         log.info(
             "engine ready: %s (%s) dtype=%s blocks=%d x %d max_model_len=%d in %.1fs",
@@ -118,7 +128,9 @@ class LLMEngine:
                     param="logit_bias",
                 )
         if qos not in QOS_CLASSES:
-            raise InvalidRequestError(f"Unknown QoS class {qos!r}; use one of {', '.join(QOS_CLASSES)}.", "priority")
+            raise InvalidRequestError(
+                f"Unknown QoS class {qos!r}; use one of {', '.join(QOS_CLASSES)}.", "priority"
+            )
         requested = params.max_tokens or 1
         if n + requested > self.max_model_len:
             raise ContextLengthExceededError(
@@ -205,23 +217,28 @@ class LLMEngine:
             log.warning("grammar rejected token %d for %s", token_id, seq.request_id)
         if token_id in params.stop_token_ids:
             self.scheduler.finish(seq, "stop", token_id)
-        elif not params.ignore_eos and token_id in self.eos_token_ids:
+        elif (
+            not params.ignore_eos
+            and token_id in self.eos_token_ids
+            or seq.guide is not None
+            and seq.guide.is_terminated()
+        ):
             self.scheduler.finish(seq, "stop")
-        elif seq.guide is not None and seq.guide.is_terminated():
-            self.scheduler.finish(seq, "stop")
-        elif params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
-            self.scheduler.finish(seq, "length")
-        elif seq.num_tokens >= self.max_model_len:
+        elif (
+            params.max_tokens is not None
+            and seq.num_output_tokens >= params.max_tokens
+            or seq.num_tokens >= self.max_model_len
+        ):
             self.scheduler.finish(seq, "length")
 
     def _output(self, seq: Sequence) -> RequestOutput:
         start = seq.num_reported_tokens
         seq.num_reported_tokens = seq.num_output_tokens
         prompt_logprobs = None
-        if seq.params.prompt_logprobs is not None and not seq.is_prompt_logprobs_reported:
-            if len(seq.prompt_logprobs) == seq.num_prompt_tokens or seq.is_finished:
-                prompt_logprobs = seq.prompt_logprobs
-                seq.is_prompt_logprobs_reported = True
+        is_prompt_done = len(seq.prompt_logprobs) == seq.num_prompt_tokens or seq.is_finished
+        if seq.params.prompt_logprobs is not None and not seq.is_prompt_logprobs_reported and is_prompt_done:
+            prompt_logprobs = seq.prompt_logprobs
+            seq.is_prompt_logprobs_reported = True
         return RequestOutput(
             request_id=seq.request_id,
             new_token_ids=seq.output_token_ids[start:],

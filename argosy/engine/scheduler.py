@@ -94,9 +94,7 @@ class Scheduler:
         """Preempt lowest-priority running requests until `seq` fits; False if `seq` itself
         had to go."""
         while not self.block_manager.can_append(seq, num_new):
-            victim = max(
-                (s for s in self.running if s.status is SequenceStatus.RUNNING), key=_priority
-            )
+            victim = max((s for s in self.running if s.status is SequenceStatus.RUNNING), key=_priority)
             self._preempt(victim, out)
             if victim is seq:
                 return False

@@ -36,7 +36,9 @@ class DecoderConfig:
             num_heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
             rope = cfg.get("rope_parameters") or {}
-            scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+            scaling = cfg.get("rope_scaling") or (
+                rope if rope.get("rope_type", "default") != "default" else None
+            )
             values: dict[str, Any] = dict(
                 vocab_size=int(cfg["vocab_size"]),
                 hidden_size=hidden,

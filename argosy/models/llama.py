@@ -118,10 +118,11 @@ class DecoderForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", cfg.inv_freq(), persistent=False)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq.to(positions.device)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

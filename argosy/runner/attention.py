@@ -36,6 +36,26 @@ class AttentionMetadata:
     decode_bias: torch.Tensor | None = None  # [num_decodes, 1, 1, max_context] 0 / -inf
     prefills: list[PrefillChunk] = field(default_factory=list)
 
+    def to(self, device: torch.device) -> AttentionMetadata:
+        """A copy with every tensor on `device` (built on the host, run on an accelerator)."""
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping.to(device, non_blocking=True),
+            cos=self.cos.to(device, non_blocking=True),
+            sin=self.sin.to(device, non_blocking=True),
+            num_decodes=self.num_decodes,
+            decode_slots=move(self.decode_slots),
+            decode_max_context=self.decode_max_context,
+            decode_bias=move(self.decode_bias),
+            prefills=[
+                PrefillChunk(c.token_start, c.num_query_tokens, c.context_len, c.context_slots.to(device))
+                for c in self.prefills
+            ],
+        )
+
 
 class AttentionBackend(Protocol):
     def forward(
@@ -110,8 +130,9 @@ class CpuPagedAttention:
             keys = k_cache[chunk.context_slots]
             values = v_cache[chunk.context_slots]
             offset = chunk.context_len - chunk.num_query_tokens
-            rows = torch.arange(chunk.num_query_tokens).unsqueeze(1) + offset
-            mask = torch.arange(chunk.context_len).unsqueeze(0) <= rows
+            device = q.device
+            rows = torch.arange(chunk.num_query_tokens, device=device).unsqueeze(1) + offset
+            mask = torch.arange(chunk.context_len, device=device).unsqueeze(0) <= rows
             causal = False
         kh = keys.transpose(0, 1).repeat_interleave(self.group, dim=0).unsqueeze(0)
         vh = values.transpose(0, 1).repeat_interleave(self.group, dim=0).unsqueeze(0)

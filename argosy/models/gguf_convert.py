@@ -1,0 +1,115 @@
+"""Convert one GGUF file into a Hugging Face folder (config, float32 safetensors, tokenizer).
+
+The folder written is an ordinary HF folder, so the rest of Argosy (and transformers) reads a
+converted GGUF exactly like a downloaded model:
+
+    config.json                  + "argosy_gguf_file_type": "Q4_1" (the source quantization)
+    generation_config.json
+    tokenizer.json, tokenizer_config.json (chat_template, bos/eos, add_bos_token)
+    model.safetensors            or model-0000i-of-0000n.safetensors + model.safetensors.index.json
+
+Weights are dequantized to float32: every Q4_0/Q4_1/Q8_0/F16/BF16 value is exactly
+representable there, so the HF weights equal what llama.cpp computes with (bfloat16 would round
+Q4_1's `d * q + m`). The cost is size: 4 bytes per parameter.
+
+`convert_gguf` writes into a folder its caller provides; making that write atomic and cached
+is loader.py's job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+from safetensors.numpy import save_file
+
+from argosy.errors import ModelLoadError
+from argosy.models.gguf_config import (
+    build_generation_config,
+    build_hf_config,
+    gguf_file_type_name,
+    read_gguf_metadata,
+)
+from argosy.models.gguf_tensors import iter_hf_tensors
+from argosy.models.gguf_tokenizer import build_tokenizer, build_tokenizer_config
+
+# Shards bound peak memory while writing (a shard is held whole by safetensors) and keep each
+# file a manageable size; 2 GiB matches what HF tooling commonly writes.
+MAX_SHARD_BYTES = 2 * 1024**3
+
+
+def open_gguf(gguf_path: Path) -> gguf.GGUFReader:
+    """A reader over the file; ModelLoadError if it is not a readable GGUF."""
+    try:
+        return gguf.GGUFReader(gguf_path)
+    except (ValueError, OSError, KeyError, IndexError, TypeError) as exc:
+        raise ModelLoadError(f"{gguf_path} is not a readable GGUF file: {exc}") from exc
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> dict[str, Any]:
+    """Write the HF folder for `gguf_path` into the existing folder `out_dir`; returns config.json."""
+    reader = open_gguf(gguf_path)
+    metadata = read_gguf_metadata(reader)
+    tensor_names = {tensor.name for tensor in reader.tensors}
+    file_type = gguf_file_type_name(metadata, [tensor.tensor_type for tensor in reader.tensors])
+    config = build_hf_config(metadata, tensor_names, file_type)
+
+    # Build the tokenizer first: it is the cheapest thing to fail on.
+    tokenizer = build_tokenizer(metadata)
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    _write_json(out_dir / "tokenizer_config.json", build_tokenizer_config(metadata))
+    _write_json(out_dir / "generation_config.json", build_generation_config(metadata))
+    _write_safetensors(iter_hf_tensors(reader, config), out_dir, max_shard_bytes)
+    _write_json(out_dir / "config.json", config)
+    return config
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _write_safetensors(
+    tensors: Iterable[tuple[str, np.ndarray]], out_dir: Path, max_shard_bytes: int
+) -> None:
+    """Write (name, array) pairs as model.safetensors, or as HF-style shards plus their index."""
+    # Shards are written as they fill, so at most one shard of float32 is held in memory.
+    shard: dict[str, np.ndarray] = {}
+    shard_bytes = 0
+    total_bytes = 0
+    shard_names: list[list[str]] = []
+    for name, array in tensors:
+        if shard and shard_bytes + array.nbytes > max_shard_bytes:
+            shard_names.append(_save_partial_shard(shard, out_dir, len(shard_names)))
+            shard, shard_bytes = {}, 0
+        shard[name] = array
+        shard_bytes += array.nbytes
+        total_bytes += array.nbytes
+    if not shard_names:
+        save_file(shard, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+        return
+    shard_names.append(_save_partial_shard(shard, out_dir, len(shard_names)))
+
+    # Shard file names carry the total count, known only now.
+    count = len(shard_names)
+    weight_map: dict[str, str] = {}
+    for index, names in enumerate(shard_names):
+        final_name = f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+        (out_dir / _partial_shard_name(index)).rename(out_dir / final_name)
+        weight_map.update(dict.fromkeys(names, final_name))
+    _write_json(
+        out_dir / "model.safetensors.index.json",
+        {"metadata": {"total_size": total_bytes}, "weight_map": weight_map},
+    )
+
+
+def _partial_shard_name(index: int) -> str:
+    return f"shard-{index:05d}.partial"
+
+
+def _save_partial_shard(shard: dict[str, np.ndarray], out_dir: Path, index: int) -> list[str]:
+    save_file(shard, str(out_dir / _partial_shard_name(index)), metadata={"format": "pt"})
+    return list(shard)

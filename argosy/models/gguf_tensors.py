@@ -1,0 +1,103 @@
+"""GGUF tensors as Hugging Face tensors: names, dequantization and llama.cpp's q/k permutation.
+
+Each GGUF tensor maps to exactly one HF tensor. `hf_tensor_name` is the naming table;
+`dequantize_tensor` turns one tensor into float32 in HF layout. They are separate so that a
+later loader can keep some tensors quantized (e.g. Q4_1 blocks) and still reuse the naming.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import gguf
+import numpy as np
+
+from argosy.errors import ModelLoadError
+
+_GLOBAL_NAMES: dict[str, str] = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+_LAYER_NAMES: dict[str, str] = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+# Tensors llama.cpp derives from config values and the HF model recomputes itself. rope_freqs
+# holds Llama 3.1's rope-scaling factors; like transformers' GGUF loader we drop it, so such
+# files run with unscaled rope (weak: long-context quality of Llama 3.1+ GGUFs).
+_DERIVED_TENSORS = frozenset({"rope_freqs.weight"})
+
+# HF model types whose GGUF attn_q / attn_k rows llama.cpp's converter permuted (see
+# `unpermute_rope_rows`); Qwen's converter leaves them in HF order.
+_PERMUTED_MODEL_TYPES = frozenset({"llama", "mistral"})
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The HF name of a GGUF tensor; None for tensors HF recomputes; ModelLoadError if unknown."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    if gguf_name in _DERIVED_TENSORS:
+        return None
+    match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no Hugging Face counterpart we know")
+    layer, role, kind = match.groups()
+    return f"model.layers.{layer}.{_LAYER_NAMES[role]}.{kind}"
+
+
+def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's `permute` of q/k projection rows (weights or biases).
+
+    HF Llama rotates the two halves of each head (rotate_half); llama.cpp rotates adjacent
+    pairs, so its converter reorders each head's rows from [half0, half1] to interleaved.
+    Reshaping to (heads, dim, 2) and swapping back restores HF order. For k, `num_heads` is
+    the number of KV heads.
+    """
+    head_half = weight.shape[0] // num_heads // 2
+    grouped = weight.reshape(num_heads, head_half, 2, *weight.shape[1:])
+    return grouped.swapaxes(1, 2).reshape(weight.shape)
+
+
+def dequantize_tensor(tensor: gguf.ReaderTensor) -> np.ndarray:
+    """The tensor as float32 in HF shape (GGUF lists dims innermost-first, HF outermost-first)."""
+    try:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as exc:
+        raise ModelLoadError(
+            f"GGUF tensor {tensor.name!r} has type {tensor.tensor_type.name}, which cannot be dequantized"
+        ) from exc
+    hf_shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    return np.asarray(values, dtype=np.float32).reshape(hf_shape)
+
+
+def iter_hf_tensors(reader: gguf.GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, float32 array) for every weight of the file, in HF layout, one at a time."""
+    is_permuted = config["model_type"] in _PERMUTED_MODEL_TYPES
+    num_heads = int(config["num_attention_heads"])
+    num_kv_heads = int(config["num_key_value_heads"])
+    for tensor in reader.tensors:
+        name = hf_tensor_name(tensor.name)
+        if name is None:
+            continue
+        values = dequantize_tensor(tensor)
+        if is_permuted and ".self_attn.q_proj." in name:
+            values = unpermute_rope_rows(values, num_heads)
+        elif is_permuted and ".self_attn.k_proj." in name:
+            values = unpermute_rope_rows(values, num_kv_heads)
+        yield name, np.ascontiguousarray(values)

