@@ -62,15 +62,53 @@ class OperatorSampling:
     max_tokens: int | None = None
     spec_max_temperature: float | None = None
 
+    def __post_init__(self) -> None:
+        # The same ranges a request is held to: /v1/models advertises these values, and a
+        # client sending them back must not be refused (SPEC §3 rule 7).
+        checks: dict[str, tuple[float | int | None, bool, str]] = {
+            "temperature": (self.temperature, _in(self.temperature, 0.0, 2.0), "in [0, 2]"),
+            "top_p": (self.top_p, self.top_p is None or 0.0 < self.top_p <= 1.0, "in (0, 1]"),
+            "top_k": (self.top_k, self.top_k is None or self.top_k >= 0, ">= 0 (0 disables it)"),
+            "min_p": (self.min_p, _in(self.min_p, 0.0, 1.0), "in [0, 1]"),
+            "repetition_penalty": (
+                self.repetition_penalty,
+                self.repetition_penalty is None or self.repetition_penalty > 0.0,
+                "> 0",
+            ),
+            "max_tokens": (self.max_tokens, self.max_tokens is None or self.max_tokens >= 1, ">= 1"),
+            "spec_max_temperature": (
+                self.spec_max_temperature,
+                _in(self.spec_max_temperature, 0.0, 2.0),
+                "in [0, 2]",
+            ),
+        }
+        for name, (value, is_valid, expected) in checks.items():
+            if not is_valid:
+                raise InvalidRequestError(f"{name} must be {expected}, got {value}", name)
+
+
+def _in(value: float | None, low: float, high: float) -> bool:
+    return value is None or low <= value <= high
+
 
 @dataclass(slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    served_model_name: str | None = None
+    served_model_name: str | None = None  # the model id clients see; None: the --model value
     max_body_bytes: int = 25 * 1024 * 1024
+    log_level: str = "info"
     operator_sampling: OperatorSampling = field(default_factory=OperatorSampling)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise InvalidRequestError(f"port must be in 0..65535, got {self.port}", "port")
+        if self.max_body_bytes < 1:
+            raise InvalidRequestError("max_body_bytes must be positive", "max_body_bytes")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise InvalidRequestError("served_model_name must not be empty", "served_model_name")
+        if self.log_level not in ("critical", "error", "warning", "info", "debug"):
+            raise InvalidRequestError(
+                f"log_level must be critical, error, warning, info or debug, got {self.log_level!r}",
+                "log_level",
+            )

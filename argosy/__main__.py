@@ -1,0 +1,5 @@
+"""`python -m argosy serve ...`"""
+
+from argosy.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""build_app(core, config): the routers, the middlewares and one way to render errors."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from argosy.api import admin, openai_chat, openai_completions, openai_models
+from argosy.api.core import Core
+from argosy.api.errors import APIError, headers_of, internal_error, openai_error_body, status_of
+from argosy.api.transport import BodyLimitMiddleware, RequestIdMiddleware
+from argosy.config import ServerConfig
+from argosy.errors import ArgosyError, InvalidRequestError
+
+log = logging.getLogger("argosy.access")
+
+# Each dialect renders errors in its own envelope, chosen by path prefix (Anthropic and
+# Ollama join here); anything else, unknown routes included, gets OpenAI's.
+_RENDERERS: list[tuple[str, Callable[[ArgosyError], dict[str, Any]]]] = []
+
+
+def _renderer_for(path: str) -> Callable[[ArgosyError], dict[str, Any]]:
+    for prefix, render in _RENDERERS:
+        if path.startswith(prefix):
+            return render
+    return openai_error_body
+
+
+def error_response(path: str, error: ArgosyError) -> JSONResponse:
+    return JSONResponse(_renderer_for(path)(error), status_code=status_of(error), headers=headers_of(error))
+
+
+async def _on_argosy_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ArgosyError)
+    response = error_response(request.url.path, exc)
+    log.info(
+        "%s %s -> %d %s: %s", request.method, request.url.path, response.status_code, exc.kind, exc.message
+    )
+    return response
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    route = f"{request.method} {request.url.path}"
+    error: ArgosyError
+    if exc.status_code == 404:
+        error = APIError("not_found", f"Invalid URL ({route}).", code="unknown_url")
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("allow") or (exc.headers or {}).get("Allow")
+        error = APIError(
+            "method_not_allowed",
+            f"Method {request.method} is not allowed for {request.url.path}.",
+            code="method_not_allowed",
+            headers={"allow": allowed} if allowed else None,
+        )
+    else:
+        error = APIError("invalid_request" if exc.status_code < 500 else "internal_error", str(exc.detail))
+    return await _on_argosy_error(request, error)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    return await _on_argosy_error(request, InvalidRequestError(f"Invalid request: {exc}"))
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logging.getLogger("argosy.api").exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(request.url.path, internal_error(exc))
+
+
+def build_app(core: Core, config: ServerConfig) -> FastAPI:
+    app = FastAPI(title="Argosy", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.core = core
+    for module in (admin, openai_models, openai_chat, openai_completions):
+        app.include_router(module.router)
+    app.add_exception_handler(ArgosyError, _on_argosy_error)
+    app.add_exception_handler(HTTPException, _on_http_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(Exception, _on_unexpected)
+    # Added last = outermost: the request id is on every response, 413s included.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, render=error_response)
+    app.add_middleware(RequestIdMiddleware)
+    return app

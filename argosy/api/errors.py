@@ -1,0 +1,113 @@
+"""Errors at the HTTP edge: one table kind -> (HTTP status, type string), one renderer per dialect.
+
+Everything below api/ raises typed errors (argosy/errors.py); this module is the only place
+they become HTTP. APIError adds the kinds that only exist at the edge (an unknown route, a
+body too large, a model still loading). Request bodies that fail pydantic validation become
+an InvalidRequestError whose `param` names the field the way OpenAI does
+(`messages[0].role`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pydantic
+
+from argosy.errors import ArgosyError, InvalidRequestError, OverloadedError
+
+# kind -> (HTTP status, OpenAI error type)
+ERROR_TABLE: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "invalid_request_error"),
+    "context_length_exceeded": (400, "invalid_request_error"),
+    "not_found": (404, "invalid_request_error"),
+    "method_not_allowed": (405, "invalid_request_error"),
+    "payload_too_large": (413, "invalid_request_error"),
+    "model_loading": (503, "server_error"),
+    "overloaded": (503, "server_error"),
+    "model_load_error": (500, "server_error"),
+    "internal_error": (500, "server_error"),
+}
+_FALLBACK = ERROR_TABLE["internal_error"]
+_MAX_SHOWN_INPUT_CHARS = 80
+
+
+class APIError(ArgosyError):
+    """An error of a kind only the HTTP edge knows; `headers` go on the response."""
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+        self.kind = kind
+        self.headers = headers or {}
+
+
+def status_of(error: ArgosyError) -> int:
+    return ERROR_TABLE.get(error.kind, _FALLBACK)[0]
+
+
+def headers_of(error: ArgosyError) -> dict[str, str]:
+    headers = dict(getattr(error, "headers", {}) or {})
+    if isinstance(error, OverloadedError):
+        headers.setdefault("retry-after", str(error.retry_after_s))
+    return headers
+
+
+def openai_error_body(error: ArgosyError) -> dict[str, Any]:
+    """OpenAI's envelope: {"error": {"message", "type", "param", "code"}}."""
+    error_type = ERROR_TABLE.get(error.kind, _FALLBACK)[1]
+    return {"error": {"message": error.message, "type": error_type, "param": error.param, "code": error.code}}
+
+
+def internal_error(exc: BaseException) -> ArgosyError:
+    return ArgosyError(f"Internal error: {type(exc).__name__}: {exc}")
+
+
+# -- pydantic errors -> param ---------------------------------------------------------------
+
+
+def param_from_loc(loc: Sequence[int | str]) -> str | None:
+    """("messages", 0, "role") -> "messages[0].role"; () -> None."""
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        else:
+            param += f".{part}" if param else part
+    return param or None
+
+
+def _shown_input(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return ""
+    shown = json.dumps(value, ensure_ascii=False)
+    if len(shown) > _MAX_SHOWN_INPUT_CHARS:
+        return ""
+    return f" (got {shown})"
+
+
+def from_validation_error(exc: pydantic.ValidationError) -> InvalidRequestError:
+    """The first validation error, as a 400 naming its field."""
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return InvalidRequestError("Invalid request body.")
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        detail = str(first.get("ctx", {}).get("error", first["msg"])).rstrip(".")
+        return InvalidRequestError(f"We could not parse the JSON body of your request: {detail}.")
+    param = param_from_loc(first["loc"])
+    message = str(first["msg"]).removeprefix("Value error, ").rstrip(".")
+    if first["type"] == "missing":
+        text = f"Missing required parameter: '{param}'."
+    elif param is None:
+        text = f"Invalid request body: {message}."
+    else:
+        text = f"Invalid '{param}': {message}{_shown_input(first.get('input'))}."
+    return InvalidRequestError(text, param=param)

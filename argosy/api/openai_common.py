@@ -1,0 +1,140 @@
+"""What OpenAI's chat and completions endpoints share: the sampling fields and their range
+checks, stream options, usage and error rendering, and the degraded-fields header.
+
+Request models are strict (a string is not a number) and accept unknown fields. Fields
+whose type is a union are declared `Any` and normalized by a validator, so an error names
+the field itself rather than one arm of the union.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
+
+from argosy.api.errors import openai_error_body
+from argosy.chat.events import Usage
+from argosy.errors import ArgosyError
+from argosy.sampling_params import RequestSampling
+
+DEGRADED_HEADER = "x-argosy-degraded"
+MAX_N = 16
+MAX_STOP_STRINGS = 16
+_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+
+
+def _stop_list(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        if len(value) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(value)}")
+        return list(value)
+    raise ValueError("stop must be a string or a list of strings")
+
+
+def _logit_bias(value: Any) -> dict[int, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("logit_bias must be an object mapping token ids to a bias")
+    bias: dict[int, float] = {}
+    for key, number in value.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise ValueError(f"logit_bias key {key!r} is not a token id") from None
+        if isinstance(number, bool) or not isinstance(number, int | float) or not math.isfinite(number):
+            raise ValueError(f"logit_bias value for token {key} is not a number")
+        if not -100 <= number <= 100:
+            raise ValueError(f"logit_bias value for token {key} must be in [-100, 100], got {number}")
+        bias[token_id] = float(number)
+    return bias
+
+
+StopField = Annotated[Any, BeforeValidator(_stop_list)]
+LogitBiasField = Annotated[Any, BeforeValidator(_logit_bias)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    include_usage: bool = False  # one last chunk, `choices: []`, with the whole usage
+    continuous_usage_stats: bool = False  # every chunk carries the usage so far
+
+
+class SamplingFields(BaseModel):
+    """The generation knobs both endpoints take, with OpenAI's ranges."""
+
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)  # -1 (vLLM's spelling) and 0 both disable it
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(
+        None, gt=0.0, validation_alias=AliasChoices("repetition_penalty", "repeat_penalty")
+    )
+    logit_bias: LogitBiasField = None
+    stop: StopField = None
+    ignore_eos: bool = False
+    user: str | None = None
+
+    def request_sampling(self, *, max_tokens: int | None, logprobs: int | None) -> RequestSampling:
+        return RequestSampling(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=0 if self.top_k == -1 else self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=self.seed,
+            max_tokens=max_tokens,
+            logit_bias=self.logit_bias,
+            logprobs=logprobs,
+            stop=self.stop,
+            ignore_eos=self.ignore_eos,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
+
+def finite_logprob(logprob: float | None) -> float | None:
+    """JSON has no -inf: a token masked out entirely reports a very small number instead."""
+    return logprob if logprob is None or math.isfinite(logprob) else -9999.0
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def degraded_headers(fields: list[str]) -> dict[str, str]:
+    """Fields accepted but not honoured, named so nobody mistakes them for obeyed."""
+    return {DEGRADED_HEADER: ", ".join(fields)} if fields else {}
+
+
+def render_error(error: ArgosyError) -> dict[str, Any]:
+    return openai_error_body(error)

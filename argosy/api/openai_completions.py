@@ -1,0 +1,226 @@
+"""OpenAI legacy `POST /v1/completions`: a raw prompt, no chat template.
+
+`prompt` is a string, a list of strings, a list of token ids or a list of token-id lists;
+a list is a batch, answered as one choice per prompt × n, `index` in that order. `logprobs`
+(0..20) uses the legacy shape — `tokens`, `token_logprobs`, `top_logprobs` (token ->
+logprob, the chosen token always included), `text_offset` (character offsets into the
+returned `text`) — and `"".join(tokens)` is exactly `text`. With `echo` the prompt comes
+first: one entry per prompt token, the first with a null logprob.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter
+from pydantic import BeforeValidator, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from argosy.api.core import Core, CoreRequest, CoreStream, collect
+from argosy.api.openai_common import (
+    SamplingFields,
+    degraded_headers,
+    finite_logprob,
+    render_error,
+    usage_json,
+)
+from argosy.api.sse import SSEResponse, sse_frames
+from argosy.api.transport import read_model, run_unless_disconnected
+from argosy.chat.events import Finish, PromptEcho, TextDelta, TokenLogprobs
+from argosy.errors import InvalidRequestError
+from argosy.sampling_params import MAX_LOGPROBS
+
+router = APIRouter()
+
+_PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    )
+
+
+def _prompts(value: Any) -> list[str | list[int]]:
+    """Normalize `prompt` to a list of prompts, each a string or a list of token ids."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ValueError(f"prompt must be {_PROMPT_SHAPES}")
+    if not value:
+        raise ValueError("prompt must not be empty")
+    if all(isinstance(p, str) for p in value):
+        return list(value)
+    if _is_token_ids(value):
+        return [list(value)]
+    if all(_is_token_ids(p) for p in value):
+        return [list(p) for p in value]
+    raise ValueError(f"prompt must be {_PROMPT_SHAPES} (token ids are non-negative integers)")
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Annotated[Any, BeforeValidator(_prompts)]
+    suffix: str | None = None
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = Field(None, ge=1)
+
+    def check(self) -> None:
+        """Refusals that need no model."""
+        if self.suffix:
+            raise InvalidRequestError(
+                "suffix is not supported: this model has no fill-in-the-middle dialect.", param="suffix"
+            )
+        if self.best_of is not None and self.best_of < self.n:
+            raise InvalidRequestError(
+                f"best_of must be at least n ({self.n}), got {self.best_of}.", param="best_of"
+            )
+
+    def degraded_fields(self) -> list[str]:
+        # best_of > n would generate best_of samples and return the n best: we return n samples.
+        return ["best_of"] if self.best_of is not None and self.best_of > self.n else []
+
+
+def to_core(body: CompletionRequest, core: Core, request_id: str = "-") -> CoreRequest:
+    prompts = [core.encode_text(p) if isinstance(p, str) else p for p in body.prompt]
+    sampling = body.request_sampling(max_tokens=body.max_tokens, logprobs=body.logprobs)
+    if body.echo and body.logprobs is not None:
+        sampling.prompt_logprobs = body.logprobs
+    return CoreRequest(
+        prompts=prompts,
+        sampling=sampling,
+        n=body.n,
+        echo=body.echo,
+        route="POST /v1/completions",
+        prompt_param="prompt",
+        request_id=request_id,
+    )
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def legacy_logprobs(entries: list[TokenLogprobs], text_offset: int) -> dict[str, Any]:
+    """The legacy logprobs object for `entries`, offsets counted from `text_offset`."""
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float | None] | None] = []
+    offsets: list[int] = []
+    for entry in entries:
+        tokens.append(entry.text)
+        offsets.append(text_offset)
+        text_offset += len(entry.text)
+        logprob = finite_logprob(entry.chosen.logprob)
+        token_logprobs.append(logprob)
+        if logprob is None:
+            top_logprobs.append(None)
+            continue
+        top = {c.token: finite_logprob(c.logprob) for c in entry.top}
+        top.setdefault(entry.chosen.token, logprob)
+        top_logprobs.append(top)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }
+
+
+def _merge(first: dict[str, Any] | None, second: dict[str, Any]) -> dict[str, Any]:
+    if first is None:
+        return second
+    return {key: first[key] + second[key] for key in first}
+
+
+async def _stream_chunks(
+    body: CompletionRequest, stream: CoreStream, model_id: str
+) -> AsyncIterator[dict[str, Any]]:
+    response_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    wants_logprobs = body.logprobs is not None
+    num_chars = [0] * len(stream.choices)  # text streamed so far, per choice (text_offset base)
+
+    def chunk(index: int, text: str, logprobs: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "id": response_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model_id,
+            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+        }
+        if body.continuous_usage:
+            payload["usage"] = usage_json(stream.usage)
+        elif body.include_usage:
+            payload["usage"] = None
+        return payload
+
+    async with stream:
+        async for event in stream:
+            if isinstance(event, PromptEcho | TextDelta):
+                logprobs = (
+                    legacy_logprobs(event.logprobs or [], num_chars[event.index]) if wants_logprobs else None
+                )
+                num_chars[event.index] += len(event.text)
+                yield chunk(event.index, event.text, logprobs, None)
+            elif isinstance(event, Finish):
+                yield chunk(event.index, "", None, event.reason)
+        if body.include_usage:
+            yield {
+                "id": response_id,
+                "object": "text_completion",
+                "created": created,
+                "model": model_id,
+                "choices": [],
+                "usage": usage_json(stream.usage),
+            }
+
+
+async def _complete(body: CompletionRequest, stream: CoreStream, model_id: str) -> dict[str, Any]:
+    async with stream:
+        results = await collect(stream)
+        usage = stream.usage
+    choices = []
+    for r in results:
+        prefix = r.echo.text if r.echo is not None else ""
+        logprobs = None
+        if body.logprobs is not None:
+            logprobs = _merge(
+                legacy_logprobs(r.echo.logprobs or [], 0) if r.echo is not None else None,
+                legacy_logprobs(r.logprobs or [], len(prefix)),
+            )
+        choices.append(
+            {
+                "index": r.index,
+                "text": prefix + r.text,
+                "logprobs": logprobs,
+                "finish_reason": r.finish_reason,
+            }
+        )
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model_id,
+        "choices": choices,
+        "usage": usage_json(usage),
+    }
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    core: Core = request.app.state.core
+    body = await read_model(request, CompletionRequest)
+    body.check()
+    model_id = core.resolve_model(body.model)
+    stream = core.start(to_core(body, core, request.state.request_id))
+    headers = degraded_headers(body.degraded_fields())
+    if body.stream:
+        return SSEResponse(sse_frames(_stream_chunks(body, stream, model_id), render_error), headers=headers)
+    result = await run_unless_disconnected(request, _complete(body, stream, model_id))
+    if result is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    return JSONResponse(result, headers=headers)

@@ -1,0 +1,136 @@
+"""HTTP plumbing every dialect shares: body size limit, JSON body -> pydantic model,
+request ids, and cancelling work when the client goes away.
+
+The middlewares are plain ASGI (not BaseHTTPMiddleware), so they neither buffer streamed
+responses nor get between a streaming response and the client's disconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pydantic
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from argosy.api.errors import APIError, from_validation_error
+
+ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+T = TypeVar("T")
+
+_CLIENT_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,200}$")  # printable ASCII, no spaces
+
+
+def payload_too_large(limit: int) -> APIError:
+    return APIError(
+        "payload_too_large",
+        f"The request body is larger than this server's limit of {limit} bytes.",
+        code="request_too_large",
+    )
+
+
+class BodyLimitMiddleware:
+    """413 for a body over `max_bytes`: at once when Content-Length says so, else while it
+    streams in (the count raises inside the handler's body read)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        render: Callable[[str, APIError], JSONResponse],
+    ) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.render = render
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                error = APIError("invalid_request", "The Content-Length header is not a number.")
+                await self.render(scope["path"], error)(scope, receive, send)
+                return
+            if int(declared) > self.max_bytes:
+                await self.render(scope["path"], payload_too_large(self.max_bytes))(scope, receive, send)
+                return
+        num_received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal num_received
+            message = await receive()
+            if message["type"] == "http.request":
+                num_received += len(message.get("body", b""))
+                if num_received > self.max_bytes:
+                    raise payload_too_large(self.max_bytes)
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+class RequestIdMiddleware:
+    """`x-request-id` on every response: the client's own when it sent a sane one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = Headers(scope=scope).get("x-request-id")
+        request_id = given if given and _CLIENT_REQUEST_ID.match(given) else f"req-{uuid.uuid4().hex}"
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)["x-request-id"] = request_id
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+async def read_model(request: Request, model: type[ModelT]) -> ModelT:
+    """The JSON body as `model`; malformed JSON and wrong fields become a 400 naming them."""
+    body = await request.body()
+    try:
+        return model.model_validate_json(body)
+    except pydantic.ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def run_unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Run `work`; if the client disconnects first, cancel it and return None.
+
+    Call after the body has been read: from then on the only message left to receive is
+    the disconnect.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
+    finally:
+        watcher.cancel()
+        task.cancel()

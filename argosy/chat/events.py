@@ -1,0 +1,139 @@
+"""The neutral stream events the core emits and every dialect renders.
+
+One generation is one stream of these, tagged by choice `index` (prompt-major: choice
+`p * n + j` is the j-th sample of prompt p). Per choice the order is: `PromptEcho` (only
+when asked for), any number of deltas, then exactly one `Finish`. Channel events for
+reasoning and tool calls (`ReasoningDelta`, `ToolCallStart`, `ToolCallArgsDelta`,
+`ToolCallEnd`) join `Event` when the chat layer's parsers land; dialects render the kinds
+they know and must treat the union as open.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCandidate:
+    """A token with its log-probability: `token` is its own text (U+FFFD where it holds only
+    part of a UTF-8 character), `token_bytes` its exact bytes. `logprob` is None only for a
+    prompt's first token, which nothing precedes."""
+
+    token_id: int
+    token: str
+    token_bytes: bytes
+    logprob: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One position: the chosen token, its best alternatives, and `text`, the slice of the
+    output text this token accounts for. Joining `text` over a choice's positions gives
+    exactly that choice's text ('' for a token that only starts a character, a special
+    token, or a token past a stop string)."""
+
+    chosen: TokenCandidate
+    text: str
+    top: list[TokenCandidate] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PromptEcho:
+    """The prompt as text, first in its choice's stream (completions' `echo`). `logprobs` has
+    one entry per prompt token (the first one's `chosen.logprob` is None: nothing precedes
+    it), joining to `text`; None when not asked."""
+
+    index: int
+    text: str
+    logprobs: list[TokenLogprobs] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """New output text; `logprobs` covers the tokens whose text is now fully emitted."""
+
+    index: int
+    text: str
+    logprobs: list[TokenLogprobs] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The choice ended: `reason` is "stop" or "length"; `usage` is this choice's own."""
+
+    index: int
+    reason: str
+    usage: Usage
+    stop_reason: int | str | None = None  # the stop token id or stop string, if one ended it
+
+
+Event = PromptEcho | TextDelta | Finish
+
+
+# Channel events: what argosy/chat/parsing.py splits generated text into. `index` is the
+# choice, as above; `call_index` numbers one choice's tool calls 0, 1, 2... in order.
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """New reasoning text (the model's `<think>` channel)."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    """A tool call opens: its name is known. Argument fragments and one `ToolCallEnd` follow."""
+
+    index: int
+    call_index: int
+    call_id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallArgsDelta:
+    """The next piece of a call's arguments JSON text; a call's pieces join to its arguments."""
+
+    index: int
+    call_index: int
+    fragment: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEnd:
+    index: int
+    call_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToolParseFailure:
+    """Something in the tool-call channel did not parse as a call (for logs; never dropped).
+
+    `text` is the model's raw text of it. When `call_index` is set it still came back as that
+    call (its name was known; its arguments may not be valid JSON); otherwise its text came back
+    as content, except for `reason == "extra_call"` (a call past the first when parallel calls
+    are off), which is left out. `is_unterminated`: the output ended inside the call (cut off,
+    e.g. by max_tokens: the caller reports finish reason "length").
+    """
+
+    index: int
+    text: str
+    reason: str
+    call_index: int | None = None
+    is_unterminated: bool = False
+
+
+ChannelEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta | ToolCallEnd | ToolParseFailure

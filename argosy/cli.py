@@ -1,0 +1,228 @@
+"""`argosy serve`: flags built from the config dataclasses; one uvicorn worker.
+
+Every field of EngineConfig, ServerConfig and OperatorSampling is a flag (`--max-num-seqs`
+for `max_num_seqs`; a few keep shorter historic names, see _FLAG_NAMES). Flags not given
+leave the dataclass default, so defaults live in one place. The dataclasses validate
+themselves; a bad value stops start-up with a message naming the flag.
+
+The HTTP server starts first and answers /health 503 {"status": "loading"} while the model
+loads in a background thread; /health turns 200 when generations can be served. A model
+that fails to load stops the server with exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import re
+import sys
+import threading
+import typing
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from argosy.config import EngineConfig, OperatorSampling, ServerConfig
+from argosy.errors import ArgosyError
+
+log = logging.getLogger("argosy")
+
+_FLAG_NAMES = {
+    "num_threads": "--threads",
+    "enable_prefix_caching": "--no-prefix-cache",
+    "served_model_name": "--served-model-name",
+}
+_BYTE_SIZE_FIELDS = {"kv_cache_memory", "max_body_bytes"}
+# Not flags yet: speculation does not exist, so a cap on its temperature would do nothing.
+_HIDDEN_FIELDS = {"operator_sampling", "spec_max_temperature"}
+_HELP = {
+    "model": "a registered name (smollm2), a .gguf file or a Hugging Face folder",
+    "dtype": "auto | bfloat16 | float32 | float16 (auto: bf16 where the CPU has it)",
+    "max_model_len": "context length (default: the model's, capped by the KV cache)",
+    "kv_cache_memory": "bytes for the KV cache; suffixes K, M, G, T (binary), e.g. 512M, 2G",
+    "max_num_seqs": "most requests running in one step",
+    "max_num_batched_tokens": "token budget per step (bounds a prefill chunk)",
+    "enable_prefix_caching": "disable the prefix cache",
+    "num_threads": "torch CPU threads (default: torch's choice)",
+    "served_model_name": "the model id clients use and see (default: the --model value)",
+    "max_body_bytes": "largest request body; suffixes as for --kv-cache-memory",
+    "temperature": "operator default temperature (a request's own value wins)",
+    "top_p": "operator default top_p (with top_k/min_p: one truncation set)",
+    "top_k": "operator default top_k (0 disables)",
+    "min_p": "operator default min_p",
+    "repetition_penalty": "operator default repetition penalty",
+    "max_tokens": "operator default max_tokens (clamped to the room left in the context)",
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*$")
+_SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_byte_size(text: str) -> int:
+    """'512M' -> 536870912; binary units; a plain number is bytes."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 536870912, 512M or 2G)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def _field_parser(cls: type, field: dataclasses.Field[Any]) -> Callable[[str], Any]:
+    if field.name in _BYTE_SIZE_FIELDS:
+        return parse_byte_size
+    hint = typing.get_type_hints(cls)[field.name]
+    arms = [arm for arm in typing.get_args(hint) if arm is not type(None)] or [hint]
+    base = arms[0]
+    if base not in (int, float, str):
+        raise TypeError(f"{cls.__name__}.{field.name}: no flag parser for {hint}")
+    return typing.cast(Callable[[str], Any], base)
+
+
+def _add_flags(parser: argparse.ArgumentParser, cls: type, group_name: str) -> None:
+    group = parser.add_argument_group(group_name)
+    for field in dataclasses.fields(cls):
+        if field.name in _HIDDEN_FIELDS:
+            continue
+        flag = _FLAG_NAMES.get(field.name, "--" + field.name.replace("_", "-"))
+        dest = f"{cls.__name__}.{field.name}"
+        help_text = _HELP.get(field.name)
+        if typing.get_type_hints(cls)[field.name] is bool:
+            action = "store_false" if field.default is True else "store_true"
+            group.add_argument(flag, dest=dest, action=action, default=argparse.SUPPRESS, help=help_text)
+            continue
+        group.add_argument(
+            flag,
+            dest=dest,
+            type=_field_parser(cls, field),
+            default=argparse.SUPPRESS,
+            metavar=field.name.upper(),
+            help=help_text,
+        )
+
+
+def _values_for(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    prefix = f"{cls.__name__}."
+    return {dest.removeprefix(prefix): value for dest, value in vars(args).items() if dest.startswith(prefix)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="argosy", description="Self-hosted LLM inference daemon.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over HTTP (OpenAI dialect)")
+    _add_flags(serve, EngineConfig, "engine")
+    _add_flags(serve, ServerConfig, "server")
+    _add_flags(serve, OperatorSampling, "operator sampling defaults")
+    return parser
+
+
+def _flag_of(param: str | None) -> str:
+    if param is None:
+        return "a flag"
+    return _FLAG_NAMES.get(param, "--" + param.replace("_", "-"))
+
+
+def configs_from_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[EngineConfig, ServerConfig]:
+    try:
+        operator = OperatorSampling(**_values_for(args, OperatorSampling))
+        engine_config = EngineConfig(**_values_for(args, EngineConfig))
+        server_config = ServerConfig(**_values_for(args, ServerConfig), operator_sampling=operator)
+    except ArgosyError as exc:
+        parser.error(f"{_flag_of(exc.param)}: {exc.message}")
+    return engine_config, server_config
+
+
+def _print_config(engine_config: EngineConfig, server_config: ServerConfig) -> None:
+    def line(title: str, values: dict[str, Any]) -> None:
+        print(f"argosy: {title}: " + " ".join(f"{k}={v}" for k, v in values.items()), flush=True)
+
+    server_values = dataclasses.asdict(server_config)
+    operator_values = server_values.pop("operator_sampling")
+    line("engine", dataclasses.asdict(engine_config))
+    line("server", server_values)
+    line("operator sampling", operator_values)
+
+
+def _start_torch_threads(num_threads: int | None) -> None:
+    """Run one parallel torch op on the main thread before any other thread touches torch.
+
+    Measured: when the first parallel region runs on a short-lived loader thread, the engine
+    thread's later steps decode ~10x slower (OpenMP thread-pool ownership); starting the pool
+    here, on the thread that lives as long as the process, avoids it.
+    """
+    import torch
+
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    torch.ones(1024, 1024) @ torch.ones(1024, 1024)
+
+
+def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
+    import uvicorn
+
+    from argosy.api.app import build_app
+    from argosy.api.core import Core
+
+    core = Core(engine_config, server_config)
+    app = build_app(core, server_config)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=server_config.host,
+            port=server_config.port,
+            workers=1,
+            log_config=None,
+            log_level=server_config.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
+    )
+    engines: list[Any] = []
+
+    def load_model() -> None:
+        try:
+            from argosy.engine.async_engine import AsyncEngine
+            from argosy.engine.llm_engine import LLMEngine
+
+            engines.append(AsyncEngine(LLMEngine(engine_config)))
+            core.attach(engines[0])
+            info = core.model_info()
+            log.info(
+                "serving %r: %s dtype=%s context=%s sampling defaults %s",
+                core.model_id,
+                info.architecture,
+                info.dtype,
+                info.context_length,
+                info.sampling_defaults,
+            )
+        except BaseException as exc:  # the server cannot serve: say why and stop
+            log.exception("model %r failed to load", engine_config.model)
+            core.fail(f"{type(exc).__name__}: {exc}")
+            server.should_exit = True
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        _start_torch_threads(engine_config.num_threads)
+        threading.Thread(target=load_model, name="argosy-load", daemon=True).start()
+        yield
+
+    app.router.lifespan_context = lifespan
+    try:
+        server.run()
+    finally:
+        for engine in engines:
+            engine.shutdown()
+    return 1 if core.state == "failed" else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    engine_config, server_config = configs_from_args(parser, args)
+    logging.basicConfig(
+        level=server_config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    _print_config(engine_config, server_config)
+    return serve(engine_config, server_config)

@@ -1,0 +1,117 @@
+"""ServerProcess: a real `python -m argosy serve` subprocess for e2e tests and benchmarks.
+
+As in llama.cpp's server tests: options become flags, a free port is picked, the process is
+started and waited on until GET /health answers 200, and killed on stop. Its output goes to
+a log file the tests can read (the access log lines, say).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    model: str = "smollm2"
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free one at start
+    served_model_name: str | None = None
+    max_model_len: int | None = None
+    kv_cache_memory: str | None = None
+    max_num_seqs: int | None = None
+    threads: int | None = None
+    extra_flags: list[str] = field(default_factory=list)
+    startup_timeout_s: float = 120.0
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+    health_seen: list[tuple[int, str]] = field(default_factory=list)  # (status, body) while starting
+
+    def flags(self) -> list[str]:
+        options: dict[str, object | None] = {
+            "--model": self.model,
+            "--host": self.host,
+            "--port": self.port,
+            "--served-model-name": self.served_model_name,
+            "--max-model-len": self.max_model_len,
+            "--kv-cache-memory": self.kv_cache_memory,
+            "--max-num-seqs": self.max_num_seqs,
+            "--threads": self.threads,
+        }
+        flags = [item for flag, value in options.items() if value is not None for item in (flag, str(value))]
+        return flags + self.extra_flags
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> ServerProcess:
+        if self.port == 0:
+            self.port = free_port(self.host)
+        handle, name = tempfile.mkstemp(prefix="argosy-server-", suffix=".log")
+        self.log_path = Path(name)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        with os.fdopen(handle, "wb") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "argosy", "serve", *self.flags()],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"argosy serve exited with {self.process.returncode}:\n{self.log_text()[-4000:]}"
+                )
+            try:
+                response = httpx.get(f"{self.base_url}/health", timeout=2.0)
+            except httpx.HTTPError:
+                response = None
+            if response is not None:
+                if not self.health_seen or self.health_seen[-1] != (response.status_code, response.text):
+                    self.health_seen.append((response.status_code, response.text))
+                if response.status_code == 200:
+                    return
+            time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(
+            f"argosy serve not healthy after {self.startup_timeout_s}s:\n{self.log_text()[-4000:]}"
+        )
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path is not None else ""
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)

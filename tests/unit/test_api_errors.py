@@ -1,0 +1,253 @@
+"""Request validation -> OpenAI errors: which field is named (`param`), status and envelope."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from argosy.api.errors import (
+    ERROR_TABLE,
+    APIError,
+    from_validation_error,
+    openai_error_body,
+    param_from_loc,
+    status_of,
+)
+from argosy.api.openai_chat import ChatCompletionRequest
+from argosy.api.openai_completions import CompletionRequest
+from argosy.api.transport import payload_too_large
+from argosy.errors import (
+    ArgosyError,
+    ContextLengthExceededError,
+    EngineDeadError,
+    InvalidRequestError,
+    NotFoundError,
+    OverloadedError,
+)
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat_error(body: dict[str, Any] | str) -> InvalidRequestError:
+    raw = body if isinstance(body, str) else json.dumps(body)
+    with pytest.raises(Exception) as caught:
+        ChatCompletionRequest.model_validate_json(raw)
+    return from_validation_error(caught.value)  # type: ignore[arg-type]
+
+
+def completion_error(body: dict[str, Any]) -> InvalidRequestError:
+    with pytest.raises(Exception) as caught:
+        CompletionRequest.model_validate_json(json.dumps(body))
+    return from_validation_error(caught.value)  # type: ignore[arg-type]
+
+
+def test_param_from_loc() -> None:
+    assert param_from_loc(("messages", 0, "role")) == "messages[0].role"
+    assert param_from_loc(("stream_options", "include_usage")) == "stream_options.include_usage"
+    assert param_from_loc(("n",)) == "n"
+    assert param_from_loc(()) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [*USER, {"role": "robot", "content": "x"}]}, "messages[1].role"),
+        ({"messages": []}, "messages"),
+        ({}, "messages"),
+        ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+        ({"messages": USER, "max_tokens": -5}, "max_tokens"),
+        ({"messages": USER, "max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"messages": USER, "n": 0}, "n"),
+        ({"messages": USER, "n": 17}, "n"),
+        ({"messages": USER, "temperature": 2.5}, "temperature"),
+        ({"messages": USER, "temperature": -0.1}, "temperature"),
+        ({"messages": USER, "top_p": 0}, "top_p"),
+        ({"messages": USER, "top_p": 1.5}, "top_p"),
+        ({"messages": USER, "min_p": 1.5}, "min_p"),
+        ({"messages": USER, "top_k": -2}, "top_k"),
+        ({"messages": USER, "presence_penalty": 3}, "presence_penalty"),
+        ({"messages": USER, "repetition_penalty": 0}, "repetition_penalty"),
+        ({"messages": USER, "repeat_penalty": -1}, "repeat_penalty"),
+        ({"messages": USER, "logit_bias": {"5": 150}}, "logit_bias"),
+        ({"messages": USER, "logit_bias": {"five": 1}}, "logit_bias"),
+        ({"messages": USER, "top_logprobs": 21}, "top_logprobs"),
+        ({"messages": USER, "stop": 5}, "stop"),
+        ({"messages": USER, "stop": ["a", 1]}, "stop"),
+        ({"messages": USER, "max_tokens": "10"}, "max_tokens"),  # strict: a string is not a number
+        ({"messages": USER, "stream": "yes"}, "stream"),
+        ({"messages": USER, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "video", "x": 1}]}]}, "messages[0].content"),
+        ({"messages": [{"role": "user"}], "seed": 2**70}, "seed"),
+    ],
+)
+def test_chat_field_errors_name_the_field(body: dict[str, Any], param: str) -> None:
+    body = {"model": "m", **body}
+    error = chat_error(body)
+    assert error.param == param, error.message
+    assert status_of(error) == 400
+    assert error.message.startswith(("Invalid '", "Missing required parameter")), error.message
+
+
+def test_messages_required_says_missing() -> None:
+    assert chat_error({"model": "m"}).message == "Missing required parameter: 'messages'."
+
+
+def test_media_part_names_the_content_and_the_modality() -> None:
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    error = chat_error({"messages": [*USER, {"role": "user", "content": [part]}]})
+    assert error.param == "messages[1].content"
+    assert "does not accept images" in error.message
+
+
+def test_malformed_json_is_a_400_without_param() -> None:
+    for raw in ('{"messages": [', "not json", ""):
+        error = chat_error(raw)
+        assert error.param is None
+        assert "could not parse the JSON body" in error.message
+
+
+def test_a_body_that_is_not_an_object() -> None:
+    error = chat_error("[1, 2]")
+    assert error.param is None
+    assert status_of(error) == 400
+
+
+def test_the_shown_input_is_in_the_message() -> None:
+    assert "(got 0)" in chat_error({"messages": USER, "max_tokens": 0}).message
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": [[1, 2], ["a"]]}, "prompt"),
+        ({"prompt": [-1, 2]}, "prompt"),
+        ({"prompt": {"text": "x"}}, "prompt"),
+        ({"prompt": "x", "logprobs": 21}, "logprobs"),
+        ({"prompt": "x", "logprobs": -1}, "logprobs"),
+        ({"prompt": "x", "best_of": 0}, "best_of"),
+        ({}, "prompt"),
+    ],
+)
+def test_completion_field_errors_name_the_field(body: dict[str, Any], param: str) -> None:
+    assert completion_error({"model": "m", **body}).param == param
+
+
+def test_completion_prompt_shapes_normalize() -> None:
+    def prompts(value: Any) -> Any:
+        return CompletionRequest.model_validate({"prompt": value}).prompt
+
+    assert prompts("a") == ["a"]
+    assert prompts(["a", "b"]) == ["a", "b"]
+    assert prompts([1, 2, 3]) == [[1, 2, 3]]
+    assert prompts([[1], [2, 3]]) == [[1], [2, 3]]
+
+
+def test_repeat_penalty_is_repetition_penalty() -> None:
+    body = ChatCompletionRequest.model_validate({"messages": USER, "repeat_penalty": 1.3})
+    assert body.repetition_penalty == 1.3
+    assert body.request_sampling(max_tokens=None, logprobs=None).repetition_penalty == 1.3
+
+
+def test_logit_bias_keys_become_token_ids() -> None:
+    body = ChatCompletionRequest.model_validate({"messages": USER, "logit_bias": {"42": -100, "7": 2.5}})
+    assert body.logit_bias == {42: -100.0, 7: 2.5}
+
+
+def test_text_parts_join() -> None:
+    parts = [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": parts}]})
+    assert body.messages[0].content == "Hello, world"
+
+
+def test_unknown_fields_are_accepted() -> None:
+    body = ChatCompletionRequest.model_validate({"messages": USER, "user": "u1", "frobnicate": True})
+    assert body.degraded_fields() == []
+
+
+def test_fields_we_cannot_honour_are_named() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    body = ChatCompletionRequest.model_validate(
+        {"messages": USER, "tools": tools, "response_format": {"type": "json_object"}}
+    )
+    assert body.degraded_fields() == ["tools", "response_format"]
+    plain = ChatCompletionRequest.model_validate({"messages": USER, "response_format": {"type": "text"}})
+    assert plain.degraded_fields() == []
+
+
+def test_forced_tool_call_without_tools_is_refused() -> None:
+    body = ChatCompletionRequest.model_validate({"messages": USER, "tool_choice": "required"})
+    with pytest.raises(InvalidRequestError) as caught:
+        body.check()
+    assert caught.value.param == "tool_choice"
+
+
+def test_chat_template_kwargs_cannot_replace_the_conversation() -> None:
+    body = ChatCompletionRequest.model_validate({"messages": USER, "chat_template_kwargs": {"messages": []}})
+    with pytest.raises(InvalidRequestError) as caught:
+        body.check()
+    assert caught.value.param == "chat_template_kwargs"
+
+
+def test_top_logprobs_needs_logprobs() -> None:
+    body = ChatCompletionRequest.model_validate({"messages": USER, "top_logprobs": 3})
+    with pytest.raises(InvalidRequestError) as caught:
+        body.check()
+    assert caught.value.param == "top_logprobs"
+
+
+def test_suffix_and_best_of() -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        CompletionRequest.model_validate({"prompt": "x", "suffix": "y"}).check()
+    assert caught.value.param == "suffix"
+    assert "fill-in-the-middle" in caught.value.message
+    with pytest.raises(InvalidRequestError) as caught:
+        CompletionRequest.model_validate({"prompt": "x", "n": 3, "best_of": 2}).check()
+    assert caught.value.param == "best_of"
+    assert CompletionRequest.model_validate({"prompt": "x", "best_of": 3}).degraded_fields() == ["best_of"]
+    assert CompletionRequest.model_validate({"prompt": "x", "n": 2, "best_of": 2}).degraded_fields() == []
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "error_type"),
+    [
+        (InvalidRequestError("bad", "n"), 400, "invalid_request_error"),
+        (ContextLengthExceededError("long", "messages"), 400, "invalid_request_error"),
+        (NotFoundError("nope", "model", "model_not_found"), 404, "invalid_request_error"),
+        (APIError("method_not_allowed", "no"), 405, "invalid_request_error"),
+        (payload_too_large(10), 413, "invalid_request_error"),
+        (APIError("model_loading", "wait"), 503, "server_error"),
+        (OverloadedError("busy"), 503, "server_error"),
+        (EngineDeadError("dead"), 500, "server_error"),
+        (ArgosyError("boom"), 500, "server_error"),
+    ],
+)
+def test_error_table(error: ArgosyError, status: int, error_type: str) -> None:
+    assert status_of(error) == status
+    body = openai_error_body(error)
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == error_type
+    assert body["error"]["message"] == error.message
+
+
+def test_context_length_code() -> None:
+    body = openai_error_body(ContextLengthExceededError("long", "messages"))
+    assert body["error"]["code"] == "context_length_exceeded"
+    assert body["error"]["param"] == "messages"
+
+
+def test_every_kind_raised_in_argosy_is_in_the_table() -> None:
+    for cls in (
+        InvalidRequestError,
+        ContextLengthExceededError,
+        NotFoundError,
+        OverloadedError,
+        EngineDeadError,
+    ):
+        assert cls.kind in ERROR_TABLE

