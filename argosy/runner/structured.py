@@ -51,7 +51,7 @@ def bitmask_words(vocab_size: int) -> int:
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[rows, words] int32 -> [rows, vocab_size] bool (True = allowed)."""
-    shifts = torch.arange(32, dtype=torch.int32)
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     bits = (bitmask.unsqueeze(-1) >> shifts) & 1
     return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
@@ -63,7 +63,8 @@ def token_bitmask(token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
     if ids:
         bits[ids] = 1
     words = (bits.view(-1, 32) << torch.arange(32, dtype=torch.int64)).sum(dim=1)
-    return words.to(torch.int32)  # wraps bit 31 to the sign bit, as int32 masks do
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words)  # bit 31 is the sign bit
+    return words.to(torch.int32)
 
 
 # -- what to constrain to ---------------------------------------------------------------
@@ -100,18 +101,17 @@ class ToolCallGrammar:
 
     def __post_init__(self) -> None:
         if not self.tools:
-            raise InvalidRequestError("A forced tool call needs at least one tool.", param="tools")
+            raise InvalidRequestError("A forced tool call needs at least one tool.")
         names = [tool.name for tool in self.tools]
         if len(set(names)) != len(names):
-            raise InvalidRequestError(f"Tool names must be unique, got {names}.", param="tools")
+            raise InvalidRequestError(f"Tool names must be unique, got {names}.")
         for tool in self.tools:
             if not tool.name:
-                raise InvalidRequestError("A tool needs a non-empty name.", param="tools")
+                raise InvalidRequestError("A tool needs a non-empty name.")
             if tool.parameters is not None and not isinstance(tool.parameters, dict):
                 raise InvalidRequestError(
                     f"The parameters of tool {tool.name!r} must be a JSON schema object, "
-                    f"got {type(tool.parameters).__name__}.",
-                    param="tools",
+                    f"got {type(tool.parameters).__name__}."
                 )
 
 
@@ -130,7 +130,9 @@ class GrammarSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in GRAMMAR_KINDS:
-            raise InvalidRequestError(f"Unknown grammar kind {self.kind!r}; use one of {', '.join(GRAMMAR_KINDS)}.")
+            raise InvalidRequestError(
+                f"Unknown grammar kind {self.kind!r}; use one of {', '.join(GRAMMAR_KINDS)}."
+            )
         expected: dict[str, type | None] = {
             "json_object": None,
             "json_schema": dict,
@@ -161,7 +163,9 @@ class GrammarSpec:
             try:
                 text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
             except (TypeError, ValueError) as exc:
-                raise InvalidRequestError(f"Invalid {self.kind} grammar: not JSON-serialisable ({exc}).") from exc
+                raise InvalidRequestError(
+                    f"Invalid {self.kind} grammar: not JSON-serialisable ({exc})."
+                ) from exc
             self._key = f"{self.kind}:{text}"
         return self._key
 
