@@ -88,7 +88,7 @@ class BlockManager:
         """Admit `seq`: take its cached prefix blocks, then fresh blocks for
         `num_new_tokens` more tokens. Sets `num_computed_tokens` past the cached prefix."""
         assert not seq.block_table, "allocate() is for sequences holding no blocks"
-        if seq.params.prompt_logprobs is None:
+        if seq.params.prompt_logprobs is None and seq.is_first_admission:
             self.num_prefix_queries += seq.num_prompt_tokens
             self.num_prefix_hits += min(len(cached_blocks) * self.block_size, seq.num_prompt_tokens)
         for block_id in cached_blocks:
