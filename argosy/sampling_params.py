@@ -38,6 +38,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True
+    batch_invariant: bool = False  # run so its tokens equal a solo run (scheduled alone)
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:

@@ -10,6 +10,7 @@ of its next step. The engine thread is the only one that touches LLMEngine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import queue
@@ -48,10 +49,9 @@ class _Stream:
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
     def put(self, item: RequestOutput | BaseException) -> None:
-        try:
+        # RuntimeError: the caller's event loop is closed, so nobody is listening
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the caller's event loop is closed: nobody is listening
-            pass
 
 
 class AsyncEngine:

@@ -5,6 +5,10 @@ never stalls them; prefill chunks share what is left. Admission and preemption f
 priority: QoS class first (interactive > background > inline), then arrival. When blocks
 run out, the lowest-priority, newest running request is preempted: its blocks are freed
 and it goes back to the waiting queue to be recomputed later (never failed).
+
+A batch-invariant request runs in steps of its own (alternating with the others' steps),
+without prefix-cache hits and is never chosen for preemption while others can go, so its
+tokens equal those of a solo run on an idle engine.
 """
 
 from __future__ import annotations
@@ -44,6 +48,12 @@ def _priority(seq: Sequence) -> tuple[int, int]:
     return (seq.qos_rank, seq.arrival)
 
 
+def _preemption_order(seq: Sequence) -> tuple[bool, int, int]:
+    """max() of this is preempted first: batch-invariant requests last (a recompute could
+    change their numerics), then the lowest QoS class, then the newest."""
+    return (not seq.params.batch_invariant, seq.qos_rank, seq.arrival)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -57,6 +67,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_steps = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -67,16 +78,52 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        self.num_steps += 1
         out = SchedulerOutput()
+        alone = self._next_invariant()
+        if alone is not None:
+            self._schedule_alone(alone, out)
+            return out
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         if not out.preempted:
             self._schedule_waiting(out, budget)
         return out
 
+    def _next_invariant(self) -> Sequence | None:
+        """The batch-invariant request whose turn it is to run alone, if any."""
+        candidates = [s for s in self.running + self.waiting if s.params.batch_invariant]
+        if not candidates:
+            return None
+        has_others = any(not s.params.batch_invariant for s in self.running + self.waiting)
+        if has_others and self.num_steps % 2 == 0:
+            return None
+        return min(candidates, key=_priority)
+
+    def _schedule_alone(self, seq: Sequence, out: SchedulerOutput) -> None:
+        if seq.status is not SequenceStatus.RUNNING:
+            num_new = min(seq.num_tokens, self.max_num_batched_tokens)
+            while not self.block_manager.can_allocate(seq, num_new, []):
+                others = [s for s in self.running if s.status is SequenceStatus.RUNNING]
+                if not others:
+                    return  # cannot fit even alone; retried next step
+                self._preempt(max(others, key=_preemption_order), out)
+            self.block_manager.allocate(seq, num_new, [])
+            seq.is_first_admission = False
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+        else:
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, self.max_num_batched_tokens)
+            if not self._make_room(seq, num_new, out):
+                return
+            self.block_manager.append_slots(seq, num_new)
+        out.scheduled.append(ScheduledRequest(seq, num_new))
+
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         self.running.sort(key=_priority)
-        decodes = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
-        prefills = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
+        batchable = [s for s in self.running if not s.params.batch_invariant]
+        decodes = [s for s in batchable if s.num_tokens - s.num_computed_tokens == 1]
+        prefills = [s for s in batchable if s.num_tokens - s.num_computed_tokens > 1]
         for seq in decodes + prefills:
             if budget <= 0:
                 break
@@ -114,8 +161,9 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         self.waiting.sort(key=_priority)
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        batchable = [s for s in self.waiting if not s.params.batch_invariant]
+        while batchable and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = batchable[0]
             cached = self.block_manager.find_cached_prefix(seq)
             num_cached_tokens = len(cached) * self.block_manager.block_size
             num_new = min(seq.num_tokens - num_cached_tokens, budget)
@@ -125,7 +173,8 @@ class Scheduler:
             if seq.is_first_admission:
                 seq.num_cached_tokens = min(num_cached_tokens, seq.num_prompt_tokens)
                 seq.is_first_admission = False
-            self.waiting.pop(0)
+            batchable.pop(0)
+            self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledRequest(seq, num_new))
