@@ -1,0 +1,69 @@
+"""The fixed contract of a chat family: its channel markers and its tool-call syntax.
+
+A family is plain data read by argosy/chat/parsing.py; adding one is a new module in this
+package with a `FAMILY` and an entry in the registry (families/__init__.py).
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+_ALPHANUMERIC = string.ascii_letters + string.digits
+
+
+def new_openai_call_id() -> str:
+    """`call_` + 24 random letters and digits, the shape OpenAI clients expect."""
+    return "call_" + "".join(secrets.choice(_ALPHANUMERIC) for _ in range(24))
+
+
+def new_alphanumeric9_call_id() -> str:
+    """9 random letters and digits: Mistral's templates refuse any other tool-call id."""
+    return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(9))
+
+
+@dataclass(frozen=True, slots=True)
+class CallSyntax:
+    """How a family writes tool calls.
+
+    A call region opens at `open_marker` (or, with `is_bare_json_at_start`, at a `{` that
+    begins the output) and holds call objects `{"<name key>": ..., "<args key>": {...}}`:
+    one per region when `close_marker` is set (it ends the region), else several joined by
+    `separator` or, with `is_array_allowed`, written as one JSON array. With `args_marker`
+    a call may also be written `name<args_marker>{...}` right after the open marker.
+    """
+
+    open_marker: str | None
+    close_marker: str | None = None
+    separator: str | None = None
+    is_array_allowed: bool = False
+    is_bare_json_at_start: bool = False
+    args_marker: str | None = None
+    name_keys: tuple[str, ...] = ("name",)
+    args_keys: tuple[str, ...] = ("arguments", "parameters")
+
+
+@dataclass(frozen=True, slots=True)
+class ChatFamily:
+    """One model family: reasoning markers (start, end) if it reasons, its call syntax, the
+    call ids its templates accept, and `matches(chat_template, vocab)` for detection."""
+
+    name: str
+    reasoning_markers: tuple[str, str] | None
+    call_syntax: CallSyntax
+    matches: Callable[[str, Collection[str]], bool]
+    new_call_id: Callable[[], str] = new_openai_call_id
+
+    @property
+    def marker_strings(self) -> tuple[str, ...]:
+        """Every marker the parser reads: the detokenizer must keep these tokens in the text."""
+        syntax = self.call_syntax
+        markers = (
+            *(self.reasoning_markers or ()),
+            syntax.open_marker,
+            syntax.close_marker,
+            syntax.args_marker,
+        )
+        return tuple(marker for marker in markers if marker)
