@@ -16,6 +16,7 @@ QOS_CLASSES = ("interactive", "background", "inline")
 class EngineConfig:
     model: str = "smollm2"  # a registered name, a GGUF file or a Hugging Face folder
     dtype: str = "auto"  # auto | bfloat16 | float32 | float16
+    quantization: str = "none"  # none | int4 (a GGUF's own Q4 blocks) | int8 | auto
     device: str = "cpu"
     max_model_len: int | None = None  # None: the model's own context length
     block_size: int = 16
@@ -31,6 +32,10 @@ class EngineConfig:
         if self.dtype not in ("auto", "bfloat16", "float32", "float16"):
             raise InvalidRequestError(
                 f"dtype must be auto, bfloat16, float32 or float16, got {self.dtype!r}", "dtype"
+            )
+        if self.quantization not in ("none", "int4", "int8", "auto"):
+            raise InvalidRequestError(
+                f"quantization must be none, int4, int8 or auto, got {self.quantization!r}", "quantization"
             )
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise InvalidRequestError(
@@ -98,6 +103,13 @@ class ServerConfig:
     served_model_name: str | None = None  # the model id clients see; None: the --model value
     max_body_bytes: int = 25 * 1024 * 1024
     log_level: str = "info"
+    # Sessions (SPEC §5): one SQLite file under data_dir; '~' is expanded at start-up (cli.py).
+    data_dir: str = "~/.local/share/argosy"
+    session_ttl: float = 30 * 86400.0  # seconds a session is kept after its last update
+    session_max_bytes: int | None = None  # cap on stored event bytes; None: no cap
+    # Admission (SPEC §6)
+    max_queued_requests: int = 256  # requests waiting to start, beyond which a 503 answers
+    request_timeout: float = 600.0  # wall-clock seconds per generation, then finish "length"
     operator_sampling: OperatorSampling = field(default_factory=OperatorSampling)
 
     def __post_init__(self) -> None:
@@ -107,6 +119,16 @@ class ServerConfig:
             raise InvalidRequestError("max_body_bytes must be positive", "max_body_bytes")
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise InvalidRequestError("served_model_name must not be empty", "served_model_name")
+        if not self.data_dir.strip():
+            raise InvalidRequestError("data_dir must not be empty", "data_dir")
+        if self.session_ttl <= 0:
+            raise InvalidRequestError("session_ttl must be positive", "session_ttl")
+        if self.session_max_bytes is not None and self.session_max_bytes < 1:
+            raise InvalidRequestError("session_max_bytes must be positive", "session_max_bytes")
+        if self.max_queued_requests < 0:
+            raise InvalidRequestError("max_queued_requests must be at least 0", "max_queued_requests")
+        if self.request_timeout <= 0:
+            raise InvalidRequestError("request_timeout must be positive", "request_timeout")
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             raise InvalidRequestError(
                 f"log_level must be critical, error, warning, info or debug, got {self.log_level!r}",

@@ -20,7 +20,9 @@ from argosy.engine.outputs import EngineStats, RequestOutput
 from argosy.engine.scheduler import Scheduler, SchedulerOutput
 from argosy.engine.sequence import Sequence
 from argosy.errors import ContextLengthExceededError, InvalidRequestError, ModelLoadError
+from argosy.models.gguf_quant import INT4_FILE
 from argosy.models.llama import DecoderForCausalLM
+from argosy.models.quantize import apply_int4, apply_int8
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
 from argosy.runner.model_runner import ModelRunner, StepResult, kv_bytes_per_block
@@ -42,10 +44,12 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return torch.bfloat16 if has_bf16 else torch.float32
 
 
-def load_model(source: ModelSource, dtype: torch.dtype, device: str = "cpu") -> DecoderForCausalLM:
+def load_model(
+    source: ModelSource, dtype: torch.dtype, device: str = "cpu", quantization: str = "none"
+) -> DecoderForCausalLM:
     model = builder_for(source.architecture)(source.hf_config)
     assert isinstance(model, DecoderForCausalLM)
-    files = sorted(Path(source.weights_dir).glob("*.safetensors"))
+    files = sorted(Path(source.weights_dir).glob("model*.safetensors"))
     if not files:
         raise ModelLoadError(f"no *.safetensors files in {source.weights_dir}")
 
@@ -54,7 +58,28 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: str = "cpu") -> 
             yield from load_file(str(file)).items()
 
     model.load_weights(weights())
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    _quantize(model, source, dtype, device, quantization)
+    return model
+
+
+def _quantize(
+    model: DecoderForCausalLM, source: ModelSource, dtype: torch.dtype, device: str, mode: str
+) -> None:
+    if mode == "none":
+        return
+    if device != "cpu":
+        raise ModelLoadError(f"quantization {mode!r} uses CPU kernels; use --quantization none on {device}")
+    blocks_file = Path(source.weights_dir) / INT4_FILE
+    if mode == "int8":
+        count = apply_int8(model, dtype)
+    elif blocks_file.exists():
+        count = apply_int4(model, load_file(str(blocks_file)), dtype)
+    elif mode == "int4":
+        raise ModelLoadError("int4 uses a GGUF file's own Q4_0/Q4_1 blocks; this model has none (try int8)")
+    else:
+        return  # auto without 4-bit blocks: keep the float weights
+    log.info("quantization %s: %d projection layers", mode, count)
 
 
 class LLMEngine:
@@ -69,7 +94,7 @@ class LLMEngine:
             source = resolve_model(config.model, config.cache_dir)
         self.source = source
         self.dtype = resolve_dtype(config.dtype, config.device)
-        self.model = load_model(self.source, self.dtype, config.device)
+        self.model = load_model(self.source, self.dtype, config.device, config.quantization)
         cfg = self.model.config
         per_block = kv_bytes_per_block(
             cfg.num_layers, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype

@@ -7,6 +7,7 @@ converted GGUF exactly like a downloaded model:
     generation_config.json
     tokenizer.json, tokenizer_config.json (chat_template, bos/eos, add_bos_token)
     model.safetensors            or model-0000i-of-0000n.safetensors + model.safetensors.index.json
+    argosy-int4.safetensors      Q4_0/Q4_1 weights' own 4-bit codes, scales and mins (if any)
 
 Weights are dequantized to float32: every Q4_0/Q4_1/Q8_0/F16/BF16 value is exactly
 representable there, so the HF weights equal what llama.cpp computes with (bfloat16 would round
@@ -34,6 +35,7 @@ from argosy.models.gguf_config import (
     gguf_file_type_name,
     read_gguf_metadata,
 )
+from argosy.models.gguf_quant import INT4_FILE, iter_int4_tensors
 from argosy.models.gguf_tensors import iter_hf_tensors
 from argosy.models.gguf_tokenizer import build_tokenizer, build_tokenizer_config
 
@@ -64,6 +66,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, max_shard_bytes: int = MAX_SHAR
     _write_json(out_dir / "tokenizer_config.json", build_tokenizer_config(metadata))
     _write_json(out_dir / "generation_config.json", build_generation_config(metadata))
     _write_safetensors(iter_hf_tensors(reader, config), out_dir, max_shard_bytes)
+    int4 = dict(iter_int4_tensors(reader, config))
+    if int4:  # the file's own 4-bit blocks, for weight-only int4 matmuls
+        save_file(int4, str(out_dir / INT4_FILE), metadata={"format": "argosy-int4-g32"})
     _write_json(out_dir / "config.json", config)
     return config
 

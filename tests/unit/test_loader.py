@@ -106,8 +106,9 @@ def test_smollm2_source_fields(smollm2: ModelSource) -> None:
         "argosy_gguf_file_type": "Q4_1",
     }
     assert {key: config[key] for key in expected} == expected
-    # The cache holds the HF folder and nothing else.
+    # The cache holds the HF folder plus the file's own 4-bit blocks, and nothing else.
     assert sorted(p.name for p in smollm2.weights_dir.iterdir()) == [
+        "argosy-int4.safetensors",
         "config.json",
         "generation_config.json",
         "model.safetensors",

@@ -1,0 +1,56 @@
+"""Swap a decoder's projection layers for weight-only quantized ones (int4 / int8).
+
+The output head and the embeddings stay in the model dtype: a 4-bit head flips greedy
+answers on small models (measured on SmolLM2: see shared/notes/cpu-decode-probe.md).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from argosy.models.llama import DecoderForCausalLM
+from argosy.models.quantized_linear import Int4Linear, Int8Linear
+
+# our fused module -> the HF weights it is made of, in order
+_FUSED_PARTS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "self_attn.o_proj": ("self_attn.o_proj",),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.down_proj": ("mlp.down_proj",),
+}
+
+
+def _replace(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, attr = path.rpartition(".")
+    setattr(model.get_submodule(parent_path), attr, module)
+
+
+def apply_int4(model: DecoderForCausalLM, blocks: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
+    """Use the file's 4-bit blocks wherever every part of a projection has them; returns the
+    number of layers swapped (the rest keep their float weights)."""
+    count = 0
+    for i in range(model.config.num_layers):
+        for fused, parts in _FUSED_PARTS.items():
+            names = [f"model.layers.{i}.{p}.weight" for p in parts]
+            if not all(f"{n}.codes" in blocks for n in names):
+                continue
+            path = f"layers.{i}.{fused}"
+            current = model.get_submodule(path)
+            assert isinstance(current, nn.Linear)
+            codes, d, m = (torch.cat([blocks[f"{n}.{key}"] for n in names]) for key in ("codes", "d", "m"))
+            _replace(model, path, Int4Linear(codes, d, m, current.bias, dtype))
+            count += 1
+    return count
+
+
+def apply_int8(model: DecoderForCausalLM, dtype: torch.dtype) -> int:
+    count = 0
+    for i in range(model.config.num_layers):
+        for fused in _FUSED_PARTS:
+            path = f"layers.{i}.{fused}"
+            current = model.get_submodule(path)
+            if isinstance(current, nn.Linear):
+                _replace(model, path, Int8Linear(current.weight, current.bias, dtype))
+                count += 1
+    return count

@@ -1,0 +1,62 @@
+"""Weight-only quantized linear layers for CPU: int4 (group 32) and int8 (per channel).
+
+Int4Linear takes a GGUF Q4_0/Q4_1 weight's own codes, scales and minimums (no requantizing):
+torch's int4 kernel computes w = (code - 8) * scale + zero per group of 32 along K, so
+scale = d and zero = m + 8 d reproduce the file's d * code + m. The codes are bit-exact; the
+scale and zero are held in the activation dtype (bfloat16 rounds the file's fp16 d and m).
+Int8Linear quantizes any float weight symmetrically per output channel.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from argosy.models.gguf_quant import GROUP_SIZE
+
+
+class Int4Linear(nn.Module):
+    def __init__(
+        self,
+        codes: torch.Tensor,
+        d: torch.Tensor,
+        m: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> None:
+        """codes: uint8 [N, K/2] (even column in the low nibble); d, m: float32 [N, K/32]."""
+        super().__init__()
+        n, half_k = codes.shape
+        self.in_features, self.out_features = 2 * half_k, n
+        unpacked = torch.stack([codes & 0x0F, codes >> 4], dim=-1).view(n, 2 * half_k).to(torch.int32)
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpacked, 1))
+        scales_and_zeros = torch.stack([d, m + 8.0 * d], dim=-1).transpose(0, 1).contiguous()
+        self.register_buffer("scales_and_zeros", scales_and_zeros.to(dtype))
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.reshape(-1, self.in_features), self.packed, GROUP_SIZE, self.scales_and_zeros
+        )
+        out = out.view(*shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+
+class Int8Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        w = weight.detach().float()
+        scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        self.register_buffer("weight_int8", torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scales.to(dtype))
+        self.in_features, self.out_features = w.shape[1], w.shape[0]
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        out = torch.ops.aten._weight_int8pack_mm(
+            x.reshape(-1, self.in_features), self.weight_int8, self.scales
+        )
+        out = out.view(*shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
