@@ -21,6 +21,7 @@ import sys
 import threading
 import typing
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from argosy.config import EngineConfig, OperatorSampling, ServerConfig
@@ -33,12 +34,14 @@ _FLAG_NAMES = {
     "enable_prefix_caching": "--no-prefix-cache",
     "served_model_name": "--served-model-name",
 }
-_BYTE_SIZE_FIELDS = {"kv_cache_memory", "max_body_bytes"}
+_BYTE_SIZE_FIELDS = {"kv_cache_memory", "max_body_bytes", "session_max_bytes"}
+_DURATION_FIELDS = {"session_ttl", "request_timeout"}
 # Not flags yet: speculation does not exist, so a cap on its temperature would do nothing.
 _HIDDEN_FIELDS = {"operator_sampling", "spec_max_temperature"}
 _HELP = {
     "model": "a registered name (smollm2), a .gguf file or a Hugging Face folder",
     "dtype": "auto | bfloat16 | float32 | float16 (auto: bf16 where the CPU has it)",
+    "quantization": "weight-only: none | int4 (a GGUF's own Q4_0/Q4_1 blocks) | int8 | auto (int4 where the file has them)",
     "max_model_len": "context length (default: the model's, capped by the KV cache)",
     "kv_cache_memory": "bytes for the KV cache; suffixes K, M, G, T (binary), e.g. 512M, 2G",
     "max_num_seqs": "most requests running in one step",
@@ -47,6 +50,11 @@ _HELP = {
     "num_threads": "torch CPU threads (default: torch's choice)",
     "served_model_name": "the model id clients use and see (default: the --model value)",
     "max_body_bytes": "largest request body; suffixes as for --kv-cache-memory",
+    "data_dir": "where sessions are stored (sessions.sqlite3); default ~/.local/share/argosy",
+    "session_ttl": "how long a session is kept after its last update; suffixes s, m, h, d (default 30d)",
+    "session_max_bytes": "cap on stored session events, least recently updated go first; suffixes as for --kv-cache-memory",
+    "max_queued_requests": "requests waiting to start, beyond which new ones get 503 + Retry-After",
+    "request_timeout": "wall-clock limit per generation, then it ends with finish_reason length; suffixes as for --session-ttl",
     "temperature": "operator default temperature (a request's own value wins)",
     "top_p": "operator default top_p (with top_k/min_p: one truncation set)",
     "top_k": "operator default top_k (0 disables)",
@@ -56,6 +64,8 @@ _HELP = {
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*$")
 _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdSMHD]?)\s*$")
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_byte_size(text: str) -> int:
@@ -66,9 +76,19 @@ def parse_byte_size(text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
+def parse_duration(text: str) -> float:
+    """'30d' -> 2592000.0; units s, m, h, d; a plain number is seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 600, 90s, 10m, 12h or 30d)")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+
+
 def _field_parser(cls: type, field: dataclasses.Field[Any]) -> Callable[[str], Any]:
     if field.name in _BYTE_SIZE_FIELDS:
         return parse_byte_size
+    if field.name in _DURATION_FIELDS:
+        return parse_duration
     hint = typing.get_type_hints(cls)[field.name]
     arms = [arm for arm in typing.get_args(hint) if arm is not type(None)] or [hint]
     base = arms[0]
@@ -162,8 +182,18 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
 
     from argosy.api.app import build_app
     from argosy.api.core import Core
+    from argosy.api.sessions_bridge import open_recorder
 
     core = Core(engine_config, server_config)
+    data_dir = Path(server_config.data_dir).expanduser()
+    try:
+        core.sessions = open_recorder(
+            data_dir, ttl_seconds=server_config.session_ttl, max_bytes=server_config.session_max_bytes
+        )
+    except (ArgosyError, OSError) as exc:
+        log.error("cannot open the session store in %s: %s", data_dir, exc)
+        return 1
+    log.info("sessions stored in %s", data_dir)
     app = build_app(core, server_config)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -212,6 +242,7 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     finally:
         for engine in engines:
             engine.shutdown()
+        core.sessions.close()  # after the last generation committed its events
     return 1 if core.state == "failed" else 0
 
 

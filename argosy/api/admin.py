@@ -34,6 +34,7 @@ async def engine_stats(request: Request) -> JSONResponse:
             "num_running": stats.num_running,
             "num_waiting": stats.num_waiting,
             "num_in_flight": num_in_flight,
+            "num_queued": core.admission.num_waiting,  # admitted, not started (--max-queued-requests)
             "num_free_blocks": stats.num_free_blocks,
             "num_total_blocks": stats.num_total_blocks,
             "kv_cache_usage": stats.kv_cache_usage,

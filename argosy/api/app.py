@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from argosy.api import admin, openai_chat, openai_completions, openai_models
+from argosy.api import admin, openai_chat, openai_completions, openai_models, openai_responses
 from argosy.api.core import Core
 from argosy.api.errors import APIError, headers_of, internal_error, openai_error_body, status_of
 from argosy.api.transport import BodyLimitMiddleware, RequestIdMiddleware
@@ -77,7 +77,7 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 def build_app(core: Core, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="Argosy", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.core = core
-    for module in (admin, openai_models, openai_chat, openai_completions):
+    for module in (admin, openai_models, openai_chat, openai_completions, openai_responses):
         app.include_router(module.router)
     app.add_exception_handler(ArgosyError, _on_argosy_error)
     app.add_exception_handler(HTTPException, _on_http_error)

@@ -2,7 +2,8 @@
 
 Per choice the core keeps a ChoiceState: it emits the prompt echo (with prompt logprobs)
 first, text deltas with their logprobs aligned to the text (LogprobAligner), and the
-finish with this choice's usage.
+finish with this choice's usage. A chat choice's events then go through its channel stage
+(argosy/api/chat_channels.py): text, reasoning and tool calls, logprobs apart.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from argosy.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from argosy.api.chat_channels import ChoiceChannels
+
 
 class ChoiceState:
     """Per choice: turns engine outputs into events (echo, aligned logprobs, finish)."""
@@ -35,6 +38,7 @@ class ChoiceState:
         echo: bool,
         tokenizer: Tokenizer,
         token_texts: TokenTexts,
+        channels: ChoiceChannels | None = None,
     ) -> None:
         self.index = index
         self.prompt_index = prompt_index
@@ -44,6 +48,7 @@ class ChoiceState:
         self.finish_reason: str | None = None
         self.has_output = False
         self._needs_echo = echo
+        self._channels = channels
         self._tokenizer = tokenizer
         self._texts = token_texts
         self._aligner = (
@@ -73,6 +78,10 @@ class ChoiceState:
             events.append(
                 Finish(self.index, self.finish_reason, dataclasses.replace(self.usage), out.stop_reason)
             )
+        if self._channels is not None:
+            events = self._channels.process(events)
+            if out.finished:  # the channels may say "tool_calls", or "length" for a call cut off
+                self.finish_reason = next(e.reason for e in events if isinstance(e, Finish))
         return events
 
     def _echo(self, prompt_logprobs: list[TokenLogprob | None] | None) -> PromptEcho:

@@ -24,10 +24,29 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from argosy.api.access_log import GenerationTiming, access_log, format_line
+from argosy.api.admission import AdmissionQueue, Ticket
+from argosy.api.chat_channels import ChannelSpec, ChoiceChannels
 from argosy.api.choice import ChoiceState
+from argosy.api.constraints import GuideFactory
 from argosy.api.errors import APIError
+from argosy.api.grammar_service import GrammarService
+from argosy.api.sessions_bridge import GenerationRecord, SessionRecorder, SessionSpec, new_record
 from argosy.api.token_text import TokenTexts
-from argosy.chat.events import Event, Finish, PromptEcho, TextDelta, TokenLogprobs, Usage
+from argosy.chat.collector import ChannelCollector
+from argosy.chat.events import (
+    Event,
+    Finish,
+    LogprobsDelta,
+    PromptEcho,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprobs,
+    ToolCallArgsDelta,
+    ToolCallStart,
+    ToolParseFailure,
+    Usage,
+)
+from argosy.chat.profile import ChatProfile
 from argosy.chat.template import ChatTemplate
 from argosy.config import EngineConfig, ServerConfig
 from argosy.engine.outputs import EngineStats, RequestOutput
@@ -56,9 +75,13 @@ class CoreRequest:
     n: int = 1
     echo: bool = False  # emit each prompt back (PromptEcho), with its logprobs when asked
     qos: str = "interactive"
+    batch_invariant: bool = False  # tokens equal a solo run (SamplingParams.batch_invariant)
+    session: SessionSpec | None = None  # what its session records; None: the raw prompts
     route: str = "-"  # for the access log, e.g. "POST /v1/completions"
     request_id: str = "-"  # the HTTP request's x-request-id, for the access log
     prompt_param: str = "prompt"  # the client field a prompt-sized error names
+    channels: ChannelSpec | None = None  # chat: split each choice's text into channels
+    guide_factory: GuideFactory | None = None  # a fresh grammar guide per choice
     arrival_time: float = field(default_factory=time.perf_counter)
 
 
@@ -75,6 +98,8 @@ class ModelInfo:
     quantization: str | None
     has_chat_template: bool
     sampling_defaults: dict[str, float | int]
+    has_thinking: bool = False  # its family writes a reasoning channel
+    has_tools: bool = False  # tools and tool_choice work (its template's or our own tool prompt)
 
 
 @dataclass(slots=True)
@@ -87,6 +112,7 @@ class CollectedChoice:
     echo: PromptEcho | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    channels: ChannelCollector = field(default_factory=ChannelCollector)  # chat: the message
 
 
 # -- the core -------------------------------------------------------------------------------
@@ -104,10 +130,14 @@ class Core:
         self._load_error: str | None = None
         self._template: ChatTemplate | None = None
         self._template_error: ArgosyError | None = None
+        self._chat_profile: ChatProfile | None = None
+        self.grammar: GrammarService | None = None  # set at attach; builds its backend on first use
         self._token_texts: TokenTexts | None = None
         self._model_defaults: ModelSamplingDefaults | None = None
         self._names = {self.model_id, engine_config.model}
         self._ids = itertools.count()
+        self.admission = AdmissionQueue(server_config.max_queued_requests)
+        self.sessions: SessionRecorder | None = None  # set by the server once the store is open
 
     # -- lifecycle ---------------------------------------------------------------------
     def attach(self, engine: AsyncEngine) -> None:
@@ -127,6 +157,9 @@ class Core:
             except ArgosyError as exc:
                 log.warning("%s", exc.message)
                 self._template_error = exc
+        if self._template is not None:
+            self._chat_profile = ChatProfile(self._template, source.tokenizer)
+        self.grammar = GrammarService(source.tokenizer, engine.engine.vocab_size, source.eos_token_ids)
         self._token_texts = TokenTexts(source.tokenizer)
         self._names.add(source.name)
         self._engine = engine
@@ -179,6 +212,8 @@ class Core:
             quantization=engine.source.gguf_file_type if engine is not None else None,
             has_chat_template=self._template is not None,
             sampling_defaults=effective_defaults(self.server_config.operator_sampling, self._model_defaults),
+            has_thinking=self._chat_profile is not None and self._chat_profile.has_reasoning,
+            has_tools=self._chat_profile is not None,
         )
 
     def engine_stats(self) -> tuple[EngineStats, int]:
@@ -198,17 +233,42 @@ class Core:
     ) -> list[int]:
         """Render the conversation with the model's chat template and tokenize it. Like
         transformers, no special tokens are added: the template writes its own."""
-        engine = self.require_engine()
-        if self._template is None:
+        return self.encode_rendered(self.render_chat(messages, template_kwargs))
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        template_kwargs: dict[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The conversation as the model's chat template writes it (the prompt text)."""
+        return self.chat_profile().template.render(
+            messages, add_generation_prompt=add_generation_prompt, **(template_kwargs or {})
+        )
+
+    def chat_profile(self) -> ChatProfile:
+        """The model's chat template, family and markers (argosy/chat/profile.py)."""
+        self.require_engine()
+        if self._chat_profile is None:
             if self._template_error is not None:
                 raise self._template_error
             raise InvalidRequestError(
                 f"Model {self.model_id!r} has no chat template; use /v1/completions with a raw prompt.",
                 param="messages",
             )
-        text = self._template.render(messages, add_generation_prompt=True, **(template_kwargs or {}))
-        ids: list[int] = engine.engine.source.tokenizer.encode(text, add_special_tokens=False).ids
+        return self._chat_profile
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """Token ids of template-rendered text (no special tokens added: it writes its own)."""
+        tokenizer = self.require_engine().engine.source.tokenizer
+        ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
         return ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of token ids, special tokens included (what the model saw)."""
+        text: str = self.require_engine().engine.source.tokenizer.decode(token_ids, skip_special_tokens=False)
+        return text
 
     # -- generation ----------------------------------------------------------------------
     def start(self, request: CoreRequest) -> CoreStream:
@@ -235,6 +295,7 @@ class Core:
                     if request.sampling.seed is not None and j > 0:
                         # Reproducible, but the n samples of one prompt differ from each other.
                         params.seed = _offset_seed(request.sampling.seed, j)
+                    params.batch_invariant = request.batch_invariant
                     llm.validate(prompt_ids, params, request.qos)
                     choices.append(
                         ChoiceState(
@@ -245,13 +306,28 @@ class Core:
                             echo=request.echo,
                             tokenizer=llm.source.tokenizer,
                             token_texts=self._token_texts,
+                            channels=(
+                                ChoiceChannels(request.channels, len(choices))
+                                if request.channels is not None
+                                else None
+                            ),
                         )
                     )
             except ArgosyError as exc:
                 if exc.param in ("prompt", "messages"):
                     exc.param = param
                 raise
-        return CoreStream(engine, request, choices, self.model_id, f"gen-{next(self._ids)}")
+        record = new_record(self.sessions, request.session, request.prompts, request.route, choices)
+        return CoreStream(
+            engine,
+            request,
+            choices,
+            self.model_id,
+            f"gen-{next(self._ids)}",
+            ticket=self.admission.admit(),  # last: a refused request holds no place
+            record=record,
+            timeout_s=self.server_config.request_timeout,
+        )
 
 
 def _offset_seed(seed: int, offset: int) -> int:
@@ -270,6 +346,12 @@ class CoreStream:
     the block cancels the tasks, which closes their engine generators and so aborts those
     requests in the engine. `usage` is the whole request's so far: each prompt counted
     once whatever n is, completion tokens over all choices.
+
+    Admission: the stream holds its `ticket` until its first engine output (or its end).
+    Time limit: past `timeout_s` from arrival the engine requests are stopped and every
+    unfinished choice finishes "length"; `degraded` then names "request_timeout" (dialects
+    put it in x-argosy-degraded, or in a stream's trailing comment). Sessions: `record` sees
+    every event and commits them when the stream ends (`record.committed`).
     """
 
     def __init__(
@@ -279,8 +361,16 @@ class CoreStream:
         choices: list[ChoiceState],
         model_id: str,
         stream_id: str,
+        *,
+        ticket: Ticket | None = None,
+        record: GenerationRecord | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         self.request = request
+        self.record = record
+        self.degraded: list[str] = []
+        self._ticket = ticket
+        self._deadline = None if timeout_s is None else request.arrival_time + timeout_s
         self.choices = choices
         self.model_id = model_id
         self.id = stream_id
@@ -308,6 +398,8 @@ class CoreStream:
         for choice in self.choices:
             task = asyncio.create_task(self._pump(choice), name=f"{self.id}-{choice.index}")
             self._tasks.append(task)
+        if self.record is not None:
+            self.record.open()
         self._is_started = True
         return self
 
@@ -320,9 +412,13 @@ class CoreStream:
         # Synchronous on purpose: under a cancelled scope any await here could be cancelled.
         for task in self._tasks:
             task.cancel()
+        if self._ticket is not None:
+            self._ticket.release()
         finish = ",".join(c.finish_reason or "abort" for c in self.choices)
         if exc is not None and not isinstance(exc, asyncio.CancelledError | GeneratorExit):
             finish = "error"
+        if self.record is not None:
+            self.record.commit("error" if finish == "error" else "abort")
         line = format_line(self.request.route, self.model_id, self.usage, self.timing, finish)
         access_log.info("%s request_id=%s", line, self.request.request_id)
 
@@ -334,7 +430,17 @@ class CoreStream:
             raise RuntimeError("iterate a CoreStream inside `async with`")
         num_unfinished = len(self.choices)
         while num_unfinished:
-            index, item = await self._queue.get()
+            try:
+                index, item = await self._next_output()
+            except TimeoutError:
+                for event in self._time_out():
+                    self._observe(event)
+                    yield event
+                return
+            if self._ticket is not None:
+                self._ticket.started()
+            if self.record is not None and isinstance(item, RequestOutput):
+                self.record.add_token_ids(index, item.new_token_ids)
             if isinstance(item, ArgosyError):
                 raise item
             if isinstance(item, BaseException):
@@ -342,9 +448,47 @@ class CoreStream:
             choice = self.choices[index]
             self.timing.stamp(index, item.num_output_tokens)
             for event in choice.on_output(item):
+                self._observe(event)
                 yield event
             if item.finished:
                 num_unfinished -= 1
+
+    async def _next_output(self) -> tuple[int, RequestOutput | BaseException]:
+        if self._deadline is None:
+            return await self._queue.get()
+        remaining_s = self._deadline - time.perf_counter()
+        if remaining_s <= 0:
+            raise TimeoutError
+        if not self._queue.empty():  # the common case under load: no timer needed
+            return self._queue.get_nowait()
+        return await asyncio.wait_for(self._queue.get(), remaining_s)
+
+    def _time_out(self) -> list[Event]:
+        """The wall-clock limit passed: stop the engine requests and finish every unfinished
+        choice with "length" (through its own on_output, so it ends as any choice ends)."""
+        log.warning("%s: request timeout; stopping it (finish_reason length)", self.request.request_id)
+        self.degraded.append("request_timeout")
+        for task in self._tasks:
+            task.cancel()
+        events: list[Event] = []
+        for choice in self.choices:
+            if choice.finish_reason is not None:
+                continue
+            last = RequestOutput(
+                request_id=f"{self.id}-{choice.index}",
+                new_token_ids=[],
+                num_prompt_tokens=len(choice.prompt_ids),
+                num_cached_tokens=choice.usage.cached_tokens,
+                num_output_tokens=choice.usage.completion_tokens,
+                finished=True,
+                finish_reason="length",
+            )
+            events.extend(choice.on_output(last))
+        return events
+
+    def _observe(self, event: Event) -> None:
+        if self.record is not None:
+            self.record.add(event)
 
     async def _pump(self, choice: ChoiceState) -> None:
         outputs = self._engine.generate(
@@ -352,6 +496,7 @@ class CoreStream:
             choice.params,
             request_id=f"{self.id}-{choice.index}",
             qos=self.request.qos,
+            guide=self.request.guide_factory() if self.request.guide_factory is not None else None,
         )
         try:
             async for out in outputs:
@@ -377,7 +522,13 @@ async def collect(stream: CoreStream) -> list[CollectedChoice]:
             result.echo = event
         elif isinstance(event, TextDelta):
             result.text += event.text
+            result.channels.add((event,))
             if event.logprobs and result.logprobs is not None:
+                result.logprobs.extend(event.logprobs)
+        elif isinstance(event, ReasoningDelta | ToolCallStart | ToolCallArgsDelta | ToolParseFailure):
+            result.channels.add((event,))
+        elif isinstance(event, LogprobsDelta):
+            if result.logprobs is not None:
                 result.logprobs.extend(event.logprobs)
         elif isinstance(event, Finish):
             result.finish_reason = event.reason

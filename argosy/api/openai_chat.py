@@ -1,9 +1,15 @@
 """OpenAI `POST /v1/chat/completions`: request model, to_core(), and rendering of events.
 
-Streaming: per choice a role chunk first, then content deltas, then one chunk with its
-finish_reason; with `stream_options.include_usage` a last chunk with `choices: []` and the
-usage (earlier chunks carry `usage: null`); with `continuous_usage_stats` every chunk
-carries the usage so far.
+The request becomes a neutral ChatInput (openai_chat_input.py) and then a CoreRequest
+(chat_request.py); the core's channel events come back as `message.content`,
+`message.reasoning_content` and `message.tool_calls`.
+
+Streaming: per choice a role chunk first, then deltas per channel (`content`,
+`reasoning_content`, `tool_calls`: a call's `index`, `id`, `type` and `function.name` once,
+then `function.arguments` fragments), then one chunk with its finish_reason; with
+`stream_options.include_usage` a last chunk with `choices: []` and the usage (earlier chunks
+carry `usage: null`); with `continuous_usage_stats` every chunk carries the usage so far.
+Logprobs ride on the next chunk of their choice (every generated token is reported once).
 """
 
 from __future__ import annotations
@@ -14,11 +20,16 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from argosy.api.core import Core, CoreRequest, CoreStream, collect
+from argosy.api.admission import QOS_HEADER, request_qos
+from argosy.api.chat_request import prepare_chat
+from argosy.api.constraints import check_chat_options
+from argosy.api.conversation import chat_message_events
+from argosy.api.core import CollectedChoice, Core, CoreRequest, CoreStream, collect
+from argosy.api.openai_chat_input import chat_input_from_wire
 from argosy.api.openai_common import (
     SamplingFields,
     degraded_headers,
@@ -26,9 +37,21 @@ from argosy.api.openai_common import (
     render_error,
     usage_json,
 )
+from argosy.api.sessions_bridge import SessionSpec
 from argosy.api.sse import SSEResponse, sse_frames
 from argosy.api.transport import read_model, run_unless_disconnected
-from argosy.chat.events import Finish, TextDelta, TokenCandidate, TokenLogprobs
+from argosy.chat.events import (
+    Event,
+    Finish,
+    LogprobsDelta,
+    ReasoningDelta,
+    TextDelta,
+    TokenCandidate,
+    TokenLogprobs,
+    ToolCallArgsDelta,
+    ToolCallStart,
+)
+from argosy.chat.messages import ChatInput
 from argosy.errors import InvalidRequestError
 from argosy.sampling_params import MAX_LOGPROBS
 
@@ -71,17 +94,20 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
-    # Accepted; not honoured until the chat layer's tools / structured output land.
-    tools: list[dict[str, Any]] | None = None
+    store: bool = False  # keep its session (else ephemeral: swept first, after an hour)
+    tools: list[Any] | None = None  # checked in openai_chat_input.py, naming the exact field
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: Any = None
+    reasoning_effort: str | None = None  # a template variable (honoured if the template reads it)
+    # Accepted; not honoured.
     functions: list[Any] | None = None
     function_call: Any = None
-    reasoning_effort: Any = None
     modalities: list[str] | None = None
     audio: Any = None
     prediction: Any = None
     web_search_options: Any = None
+    _chat: ChatInput | None = PrivateAttr(default=None)
 
     def check(self) -> None:
         """Cross-field checks that need no model."""
@@ -93,21 +119,32 @@ class ChatCompletionRequest(SamplingFields):
                 f"chat_template_kwargs may not set {', '.join(sorted(reserved))}: the request's own fields do.",
                 param="chat_template_kwargs",
             )
-        forced = self.tool_choice == "required" or isinstance(self.tool_choice, dict)
-        if forced and not self.tools:
-            raise InvalidRequestError(
-                "tool_choice forces a tool call, but no tools were given.", "tool_choice"
+        chat = self.chat_input()
+        check_chat_options(chat.tools, chat.tool_choice, chat.output_format)
+
+    def chat_input(self) -> ChatInput:
+        """The request in neutral terms (checked: a malformed field is a 400 naming it)."""
+        if self._chat is None:
+            kwargs = dict(self.chat_template_kwargs or {})
+            if self.reasoning_effort is not None:
+                kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+            self._chat = chat_input_from_wire(
+                [(m.role, m.content, m.name, m.model_extra or {}) for m in self.messages],
+                tools=self.tools,
+                tool_choice=self.tool_choice,
+                parallel_tool_calls=self.parallel_tool_calls,
+                response_format=self.response_format,
+                template_kwargs=kwargs,
             )
+        return self._chat
 
     def degraded_fields(self) -> list[str]:
+        """Fields never honoured; those honoured or not depending on the model come from
+        `to_core` (`reasoning_effort` when the template does not read it, a response_format
+        a forced call overrides...)."""
         asks = {
-            "tools": bool(self.tools),
-            "tool_choice": self.tool_choice not in (None, "none", "auto"),
-            "response_format": self.response_format is not None
-            and self.response_format.get("type") != "text",
             "functions": bool(self.functions),
             "function_call": self.function_call not in (None, "none", "auto"),
-            "reasoning_effort": self.reasoning_effort is not None,
             "modalities": any(m != "text" for m in self.modalities or []),
             "audio": self.audio is not None,
             "prediction": self.prediction is not None,
@@ -120,35 +157,21 @@ class ChatCompletionRequest(SamplingFields):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-def _template_message(message: ChatMessage) -> dict[str, Any]:
-    rendered: dict[str, Any] = {
-        "role": "system" if message.role == "developer" else message.role,
-        "content": message.content,
-    }
-    if message.name is not None:
-        rendered["name"] = message.name
-    extra = message.model_extra or {}
-    for key in ("tool_calls", "tool_call_id", "reasoning_content", "reasoning"):
-        if key in extra:
-            rendered[key] = extra[key]
-    return rendered
-
-
-def to_core(body: ChatCompletionRequest, core: Core, request_id: str = "-") -> CoreRequest:
-    kwargs = dict(body.chat_template_kwargs or {})
-    if body.tools:
-        kwargs["tools"] = body.tools
-    prompt_ids = core.encode_chat([_template_message(m) for m in body.messages], kwargs)
-    return CoreRequest(
-        prompts=[prompt_ids],
-        sampling=body.request_sampling(
-            max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=body.num_logprobs
-        ),
-        n=body.n,
-        route="POST /v1/chat/completions",
-        prompt_param="messages",
-        request_id=request_id,
+async def to_core(
+    body: ChatCompletionRequest, core: Core, request_id: str = "-"
+) -> tuple[CoreRequest, list[str]]:
+    """The CoreRequest, and the fields this model does not honour (x-argosy-degraded)."""
+    prepared = await prepare_chat(core, body.chat_input())
+    degraded = list(prepared.degraded)
+    if body.reasoning_effort is not None and not core.chat_profile().reads("reasoning_effort"):
+        degraded.append("reasoning_effort")
+    sampling = body.request_sampling(
+        max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=body.num_logprobs
     )
+    core_request = prepared.core_request(
+        sampling, n=body.n, route="POST /v1/chat/completions", request_id=request_id
+    )
+    return core_request, degraded
 
 
 # -- rendering ------------------------------------------------------------------------------
@@ -203,21 +226,25 @@ async def _stream_chunks(
                     "finish_reason": None,
                 }
             )
+        pending: list[list[TokenLogprobs]] = [[] for _ in stream.choices]  # logprobs not yet sent
         async for event in stream:
-            if isinstance(event, TextDelta):
-                logprobs = logprobs_json(event.logprobs or []) if wants_logprobs else None
-                yield chunk(
-                    {
-                        "index": event.index,
-                        "delta": {"content": event.text},
-                        "logprobs": logprobs,
-                        "finish_reason": None,
-                    }
-                )
-            elif isinstance(event, Finish):
-                yield chunk(
-                    {"index": event.index, "delta": {}, "logprobs": None, "finish_reason": event.reason}
-                )
+            if isinstance(event, LogprobsDelta):
+                pending[event.index].extend(event.logprobs)
+                continue
+            delta = _delta_json(event)
+            if delta is None and not isinstance(event, Finish):
+                continue
+            logprobs = None
+            if wants_logprobs and (pending[event.index] or not isinstance(event, Finish)):
+                logprobs, pending[event.index] = logprobs_json(pending[event.index]), []
+            yield chunk(
+                {
+                    "index": event.index,
+                    "delta": delta or {},
+                    "logprobs": logprobs,
+                    "finish_reason": event.reason if isinstance(event, Finish) else None,
+                }
+            )
         if body.include_usage:
             yield {
                 "id": response_id,
@@ -227,6 +254,39 @@ async def _stream_chunks(
                 "choices": [],
                 "usage": usage_json(stream.usage),
             }
+
+
+def _delta_json(event: Event) -> dict[str, Any] | None:
+    """A channel event as a chunk's `delta` (None: nothing to send for it)."""
+    if isinstance(event, TextDelta):
+        return {"content": event.text}
+    if isinstance(event, ReasoningDelta):
+        return {"reasoning_content": event.text}
+    if isinstance(event, ToolCallStart):
+        function = {"name": event.name, "arguments": ""}
+        call = {"index": event.call_index, "id": event.call_id, "type": "function", "function": function}
+        return {"tool_calls": [call]}
+    if isinstance(event, ToolCallArgsDelta):
+        return {"tool_calls": [{"index": event.call_index, "function": {"arguments": event.fragment}}]}
+    return None
+
+
+def _message_json(result: CollectedChoice) -> dict[str, Any]:
+    parsed = result.channels.result()
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning:
+        message["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        message["content"] = parsed.content or None
+        message["tool_calls"] = [
+            {
+                "id": call.call_id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in parsed.tool_calls
+        ]
+    return message
 
 
 async def _complete(stream: CoreStream, model_id: str) -> dict[str, Any]:
@@ -241,7 +301,7 @@ async def _complete(stream: CoreStream, model_id: str) -> dict[str, Any]:
         "choices": [
             {
                 "index": r.index,
-                "message": {"role": "assistant", "content": r.text},
+                "message": _message_json(r),
                 "logprobs": logprobs_json(r.logprobs) if r.logprobs is not None else None,
                 "finish_reason": r.finish_reason,
             }
@@ -256,12 +316,22 @@ async def chat_completions(request: Request) -> Response:
     core: Core = request.app.state.core
     body = await read_model(request, ChatCompletionRequest)
     body.check()
+    qos = request_qos(body.priority, request.headers.get(QOS_HEADER))
     model_id = core.resolve_model(body.model)
-    stream = core.start(to_core(body, core, request.state.request_id))
-    headers = degraded_headers(body.degraded_fields())
+    core_request, chat_degraded = await to_core(body, core, request.state.request_id)
+    core_request.qos, core_request.batch_invariant = qos, body.batch_invariant
+    core_request.session = SessionSpec(
+        inputs=[chat_message_events(body.messages)],
+        metadata={"kind": "chat.completion", "model": model_id, "request_id": request.state.request_id},
+        is_ephemeral=not body.store,
+    )
+    stream = core.start(core_request)
+    degraded = body.degraded_fields() + chat_degraded
+    headers = degraded_headers(degraded)
     if body.stream:
-        return SSEResponse(sse_frames(_stream_chunks(body, stream, model_id), render_error), headers=headers)
+        frames = sse_frames(_stream_chunks(body, stream, model_id), render_error, stream.degraded)
+        return SSEResponse(frames, headers=headers)
     result = await run_unless_disconnected(request, _complete(stream, model_id))
     if result is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(result, headers=headers)
+    return JSONResponse(result, headers=degraded_headers(degraded + stream.degraded))

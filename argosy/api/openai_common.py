@@ -90,6 +90,8 @@ class SamplingFields(BaseModel):
     stop: StopField = None
     ignore_eos: bool = False
     user: str | None = None
+    priority: Any = None  # QoS class (admission.request_qos checks it, with x-argosy-qos)
+    batch_invariant: bool = False  # tokens equal a solo run, whatever else is batched
 
     def request_sampling(self, *, max_tokens: int | None, logprobs: int | None) -> RequestSampling:
         return RequestSampling(

@@ -20,6 +20,7 @@ from pydantic import BeforeValidator, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from argosy.api.admission import QOS_HEADER, request_qos
 from argosy.api.core import Core, CoreRequest, CoreStream, collect
 from argosy.api.openai_common import (
     SamplingFields,
@@ -28,11 +29,13 @@ from argosy.api.openai_common import (
     render_error,
     usage_json,
 )
+from argosy.api.sessions_bridge import SessionSpec
 from argosy.api.sse import SSEResponse, sse_frames
 from argosy.api.transport import read_model, run_unless_disconnected
 from argosy.chat.events import Finish, PromptEcho, TextDelta, TokenLogprobs
 from argosy.errors import InvalidRequestError
 from argosy.sampling_params import MAX_LOGPROBS
+from argosy.sessions.events import MessageAppended, SessionEvent
 
 router = APIRouter()
 
@@ -215,12 +218,31 @@ async def completions(request: Request) -> Response:
     core: Core = request.app.state.core
     body = await read_model(request, CompletionRequest)
     body.check()
+    qos = request_qos(body.priority, request.headers.get(QOS_HEADER))
     model_id = core.resolve_model(body.model)
-    stream = core.start(to_core(body, core, request.state.request_id))
+    core_request = to_core(body, core, request.state.request_id)
+    core_request.qos, core_request.batch_invariant = qos, body.batch_invariant
+    core_request.session = _session_spec(body, model_id, request.state.request_id)
+    stream = core.start(core_request)
     headers = degraded_headers(body.degraded_fields())
     if body.stream:
-        return SSEResponse(sse_frames(_stream_chunks(body, stream, model_id), render_error), headers=headers)
+        frames = sse_frames(_stream_chunks(body, stream, model_id), render_error, stream.degraded)
+        return SSEResponse(frames, headers=headers)
     result = await run_unless_disconnected(request, _complete(body, stream, model_id))
     if result is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(result, headers=headers)
+    return JSONResponse(result, headers=degraded_headers(body.degraded_fields() + stream.degraded))
+
+
+def _session_spec(body: CompletionRequest, model_id: str, request_id: str) -> SessionSpec:
+    """Each prompt is a raw 'prompt' message: its text, or its token ids as one part."""
+    inputs: list[list[SessionEvent]] = [
+        [
+            MessageAppended("prompt", p)
+            if isinstance(p, str)
+            else MessageAppended("prompt", [{"type": "token_ids", "token_ids": p}])
+        ]
+        for p in body.prompt
+    ]
+    metadata = {"kind": "text_completion", "model": model_id, "request_id": request_id}
+    return SessionSpec(inputs=inputs, metadata=metadata)

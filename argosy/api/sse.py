@@ -4,6 +4,10 @@ A stream is `data: {json}\\n\\n` frames, then `data: [DONE]\\n\\n` when it ended
 failure after the first byte went out cannot change the status any more: it becomes one
 framed `event: error\\ndata: {"error": {...}}\\n\\n`, and no `[DONE]` follows it, so a client
 never mistakes a broken stream for a finished one.
+
+What a stream could not honour but only learned once under way (its headers are gone: a
+request timeout, say) is named in an SSE comment just before `[DONE]`:
+`: x-argosy-degraded: request_timeout` (clients skip comments; people and proxies read them).
 """
 
 from __future__ import annotations
@@ -37,11 +41,17 @@ def error_frame(payload: Any) -> bytes:
     return b"event: error\ndata: " + _json(payload) + b"\n\n"
 
 
+def degraded_comment(fields: list[str]) -> bytes:
+    return b": x-argosy-degraded: " + ", ".join(fields).encode("utf-8") + b"\n\n"
+
+
 async def sse_frames(
     chunks: AsyncIterator[dict[str, Any]],
     render_error: Callable[[ArgosyError], dict[str, Any]],
+    degraded: list[str] | None = None,
 ) -> AsyncIterator[bytes]:
-    """Frame each chunk; end with [DONE], or with one error frame if `chunks` raised."""
+    """Frame each chunk; end with [DONE], or with one error frame if `chunks` raised.
+    `degraded` is read at the end (the stream fills it as it goes)."""
     try:
         async for chunk in chunks:
             yield data_frame(chunk)
@@ -54,6 +64,8 @@ async def sse_frames(
         return
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
+    if degraded:
+        yield degraded_comment(degraded)
     yield DONE_FRAME
 
 

@@ -2,10 +2,11 @@
 
 One generation is one stream of these, tagged by choice `index` (prompt-major: choice
 `p * n + j` is the j-th sample of prompt p). Per choice the order is: `PromptEcho` (only
-when asked for), any number of deltas, then exactly one `Finish`. Channel events for
-reasoning and tool calls (`ReasoningDelta`, `ToolCallStart`, `ToolCallArgsDelta`,
-`ToolCallEnd`) join `Event` when the chat layer's parsers land; dialects render the kinds
-they know and must treat the union as open.
+when asked for), any number of deltas, then exactly one `Finish`. A chat request's text is
+split into channels (argosy/chat/parsing.py): `TextDelta`, `ReasoningDelta` and tool calls
+(`ToolCallStart`, `ToolCallArgsDelta`..., `ToolCallEnd`); the per-token logprobs of its output
+then travel apart, as `LogprobsDelta`, since a token's text may land in any channel (or in
+none: a marker). Dialects render the kinds they know and must treat the union as open.
 """
 
 from __future__ import annotations
@@ -70,15 +71,13 @@ class TextDelta:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """The choice ended: `reason` is "stop" or "length"; `usage` is this choice's own."""
+    """The choice ended: `reason` is "stop", "length" (the budget ran out, or the output ended
+    inside a tool call) or "tool_calls" (it made calls); `usage` is this choice's own."""
 
     index: int
     reason: str
     usage: Usage
     stop_reason: int | str | None = None  # the stop token id or stop string, if one ended it
-
-
-Event = PromptEcho | TextDelta | Finish
 
 
 # Channel events: what argosy/chat/parsing.py splits generated text into. `index` is the
@@ -137,3 +136,25 @@ class ToolParseFailure:
 
 
 ChannelEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta | ToolCallEnd | ToolParseFailure
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobsDelta:
+    """Logprobs of the next generated tokens, in order, for a choice whose text is split into
+    channels (its TextDeltas carry none). Over a choice they cover every generated token once."""
+
+    index: int
+    logprobs: list[TokenLogprobs]
+
+
+Event = (
+    PromptEcho
+    | TextDelta
+    | ReasoningDelta
+    | ToolCallStart
+    | ToolCallArgsDelta
+    | ToolCallEnd
+    | ToolParseFailure
+    | LogprobsDelta
+    | Finish
+)

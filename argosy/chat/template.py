@@ -17,6 +17,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from argosy.errors import InvalidRequestError
@@ -102,13 +103,18 @@ class ChatTemplate:
     """One model's compiled template plus the special tokens it is rendered with."""
 
     def __init__(self, source: str, *, bos_token: str | None = None, eos_token: str | None = None) -> None:
+        environment = _environment()
         try:
-            self._template = _environment().from_string(source)
+            self._template = environment.from_string(source)
+            syntax = environment.parse(source)
         except jinja2.exceptions.TemplateSyntaxError as exc:
             raise InvalidRequestError(
                 f"The model's chat template does not compile: {exc}", "chat_template"
             ) from exc
         self.source = source
+        # The variables the template reads (`tools`, `enable_thinking`, `reasoning_effort`...):
+        # one it does not read is not honoured, whatever value it is given.
+        self.variables = frozenset(jinja2.meta.find_undeclared_variables(syntax))
         self._special_tokens = {
             name: value
             for name, value in (("bos_token", bos_token), ("eos_token", eos_token))

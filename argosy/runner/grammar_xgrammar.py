@@ -96,7 +96,7 @@ class XGrammarBackend:
         if spec.kind == "json_object":
             return self._json_schema({"type": "object"}, strict=False)
         if spec.kind == "json_schema":
-            return self._json_schema(spec.payload, strict=True)
+            return self._json_schema(spec.payload, strict=spec.strict)
         if spec.kind == "tool_call":
             return self._compiler.compile_structural_tag(self._tool_call_tag(spec.payload))
         if spec.kind == "regex":

@@ -126,6 +126,9 @@ class GrammarSpec:
 
     kind: GrammarKind
     payload: Any = None
+    # json_schema: True generates only what the schema names (no properties or items beyond
+    # it: OpenAI's `strict`); False follows JSON Schema's defaults (additional ones allowed).
+    strict: bool = True
     _key: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -166,7 +169,8 @@ class GrammarSpec:
                 raise InvalidRequestError(
                     f"Invalid {self.kind} grammar: not JSON-serialisable ({exc})."
                 ) from exc
-            self._key = f"{self.kind}:{text}"
+            loose = "" if self.strict or self.kind != "json_schema" else "loose:"
+            self._key = f"{self.kind}:{loose}{text}"
         return self._key
 
 
@@ -289,3 +293,42 @@ class DelayedGuide:
 
     def is_terminated(self) -> bool:
         return self.is_active and self.inner.is_terminated()
+
+
+class OptionalReasoningGuide:
+    """For a model that may open its output with a reasoning block, or may not: the first
+    token is `start_token_id` (the reasoning marker, e.g. Qwen3's `<think>`) or any token
+    `inner` allows. After the marker everything is free until `end_token_ids` (a
+    DelayedGuide), then `inner` from its beginning; without it, `inner` from the first token.
+    """
+
+    def __init__(self, inner: TokenGuide, start_token_id: int, end_token_ids: Sequence[int]) -> None:
+        self.inner = inner
+        self.start_token_id = start_token_id
+        self._delayed = DelayedGuide(inner, end_token_ids)
+        self._state = "first"  # "first" | "reasoning" | "grammar"
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._state == "reasoning":
+            self._delayed.fill_bitmask(bitmask, row)
+            return
+        self.inner.fill_bitmask(bitmask, row)
+        if self._state == "first":
+            word, bit = divmod(self.start_token_id, 32)
+            if word < bitmask.shape[1]:
+                bitmask[row, word] |= (1 << bit) if bit < 31 else -(1 << 31)
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._state == "first":
+            if token_id == self.start_token_id:
+                self._state = "reasoning"
+                return True
+            self._state = "grammar"
+        if self._state == "reasoning":
+            return self._delayed.accept_token(token_id)
+        return self.inner.accept_token(token_id)
+
+    def is_terminated(self) -> bool:
+        if self._state == "reasoning":
+            return self._delayed.is_terminated()
+        return self._state == "grammar" and self.inner.is_terminated()

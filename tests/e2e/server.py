@@ -8,6 +8,7 @@ a log file the tests can read (the access log lines, say).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,12 +38,16 @@ class ServerProcess:
     max_model_len: int | None = None
     kv_cache_memory: str | None = None
     max_num_seqs: int | None = None
-    threads: int | None = None
+    # one intra-op thread: the test client shares the 2 cores, and an OpenMP team whose second
+    # thread is descheduled makes every op wait a time slice (steps measured 10x slower)
+    threads: int | None = 1
+    data_dir: Path | None = None  # None: a temporary directory, removed by stop()
     extra_flags: list[str] = field(default_factory=list)
     startup_timeout_s: float = 120.0
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     health_seen: list[tuple[int, str]] = field(default_factory=list)  # (status, body) while starting
+    _owned_data_dir: Path | None = None
 
     def flags(self) -> list[str]:
         options: dict[str, object | None] = {
@@ -54,6 +59,7 @@ class ServerProcess:
             "--kv-cache-memory": self.kv_cache_memory,
             "--max-num-seqs": self.max_num_seqs,
             "--threads": self.threads,
+            "--data-dir": self.data_dir,
         }
         flags = [item for flag, value in options.items() if value is not None for item in (flag, str(value))]
         return flags + self.extra_flags
@@ -65,6 +71,9 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         if self.port == 0:
             self.port = free_port(self.host)
+        if self.data_dir is None:
+            self.data_dir = Path(tempfile.mkdtemp(prefix="argosy-data-"))
+            self._owned_data_dir = self.data_dir
         handle, name = tempfile.mkstemp(prefix="argosy-server-", suffix=".log")
         self.log_path = Path(name)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
@@ -106,7 +115,21 @@ class ServerProcess:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path is not None else ""
 
+    def kill(self) -> None:
+        """SIGKILL: no shutdown runs (what a crash leaves behind)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
     def stop(self) -> None:
+        try:
+            self._terminate()
+        finally:
+            if self._owned_data_dir is not None:
+                shutil.rmtree(self._owned_data_dir, ignore_errors=True)
+                self.data_dir = self._owned_data_dir = None
+
+    def _terminate(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
         self.process.send_signal(signal.SIGTERM)

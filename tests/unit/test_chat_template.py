@@ -168,3 +168,71 @@ def test_a_template_that_does_not_compile() -> None:
     with pytest.raises(InvalidRequestError) as caught:
         ChatTemplate("{% for %}")
     assert "does not compile" in caught.value.message
+
+
+# -- tools, tool calls and reasoning in the history: Qwen3- and Llama-3-shaped templates ------
+
+FIXTURES = Path(__file__).parent / "fixtures"
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+            "required": ["city"],
+        },
+    },
+}
+TOOL_HISTORY: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Weather in Paris and Oslo?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": "Two cities: call the tool.",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+    {"role": "user", "content": "And in Oslo?"},
+]
+
+
+def fixture_template(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+@pytest.mark.parametrize("name", ["qwen3_style.jinja", "llama3_style.jinja"])
+@pytest.mark.parametrize("with_tools", [False, True])
+def test_tool_templates_match_transformers(name: str, with_tools: bool) -> None:
+    template = fixture_template(name)
+    messages = TOOL_HISTORY if with_tools else CONVERSATIONS[1]
+    if name.startswith("llama3"):  # it renders each call's arguments itself and wants one call
+        messages = [m for m in messages if m["role"] != "system"] if with_tools else messages
+    tools = [WEATHER_TOOL] if with_tools else None
+    ours = ChatTemplate(template, bos_token=BOS, eos_token=EOS).render(messages, tools=tools)
+    assert ours == transformers_render(template, messages, tools=tools)
+    if with_tools:
+        assert "get_weather" in ours
+
+
+@pytest.mark.parametrize("enable_thinking", [True, False])
+def test_qwen3_style_enable_thinking_matches_transformers(enable_thinking: bool) -> None:
+    template = fixture_template("qwen3_style.jinja")
+    messages = CONVERSATIONS[0]
+    ours = ChatTemplate(template).render(messages, enable_thinking=enable_thinking)
+    assert ours == transformers_render(template, messages, enable_thinking=enable_thinking)
+    assert ours.endswith("<think>\n\n</think>\n\n") is (not enable_thinking)
+
+
+def test_template_variables_say_what_it_reads() -> None:
+    qwen = ChatTemplate(fixture_template("qwen3_style.jinja"))
+    assert {"tools", "messages", "enable_thinking", "add_generation_prompt"} <= qwen.variables
+    assert "reasoning_effort" not in qwen.variables

@@ -33,6 +33,7 @@ class CallSyntax:
     one per region when `close_marker` is set (it ends the region), else several joined by
     `separator` or, with `is_array_allowed`, written as one JSON array. With `args_marker`
     a call may also be written `name<args_marker>{...}` right after the open marker.
+    `args_key` is the arguments key the family itself writes (a forced call's grammar uses it).
     """
 
     open_marker: str | None
@@ -43,6 +44,7 @@ class CallSyntax:
     args_marker: str | None = None
     name_keys: tuple[str, ...] = ("name",)
     args_keys: tuple[str, ...] = ("arguments", "parameters")
+    args_key: str = "arguments"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,9 @@ from argosy.chat.families.base import CallSyntax, ChatFamily
 
 PYTHON_TAG = "<|python_tag|>"
 
-CALL_SYNTAX = CallSyntax(open_marker=PYTHON_TAG, separator=";", is_bare_json_at_start=True)
+CALL_SYNTAX = CallSyntax(
+    open_marker=PYTHON_TAG, separator=";", is_bare_json_at_start=True, args_key="parameters"
+)
 
 
 def matches(chat_template: str, vocab: Collection[str]) -> bool:

@@ -1,0 +1,80 @@
+"""A neutral chat request (ChatInput) -> what the core runs: prompt ids, grammar, channels.
+
+Every chat-shaped dialect calls `prepare_chat` with plain data (argosy/chat/messages.py) and
+builds its CoreRequest with `PreparedChat.core_request(...)`: the prompt rendered by the
+model's template (with our own tool prompt when the template writes no tools), the
+constraints of tool_choice / response_format compiled off the event loop, the channel
+parser's options, and the fields it could not honour (`degraded`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from argosy.api.chat_channels import ChannelSpec
+from argosy.api.constraints import GuideFactory, plan_constraints, reasoning_aware
+from argosy.api.core import Core, CoreRequest
+from argosy.chat.messages import ChatInput
+from argosy.chat.parsing import prompt_opens_reasoning
+from argosy.sampling_params import RequestSampling
+
+
+@dataclass(slots=True)
+class PreparedChat:
+    prompt_text: str
+    prompt_ids: list[int]
+    channels: ChannelSpec
+    guide_factory: GuideFactory | None = None
+    keeps_special_tokens: bool = False  # detokenize with special tokens (markers among them)
+    degraded: list[str] = field(default_factory=list)
+
+    def sampling(self, sampling: RequestSampling) -> RequestSampling:
+        """The request's sampling, detokenizing as the channel parser needs."""
+        if not self.keeps_special_tokens:
+            return sampling
+        return dataclasses.replace(sampling, skip_special_tokens=False)
+
+    def core_request(self, sampling: RequestSampling, **fields: Any) -> CoreRequest:
+        """The CoreRequest for this chat; `fields` are CoreRequest's other fields (n, route...)."""
+        return CoreRequest(
+            prompts=[self.prompt_ids],
+            sampling=self.sampling(sampling),
+            prompt_param=fields.pop("prompt_param", "messages"),
+            channels=self.channels,
+            guide_factory=self.guide_factory,
+            **fields,
+        )
+
+
+async def prepare_chat(core: Core, chat: ChatInput) -> PreparedChat:
+    profile = core.chat_profile()
+    constraints = plan_constraints(chat, profile.call_family.call_syntax)
+    prompt_text = profile.render(chat.messages, constraints.prompt_tools, chat.template_kwargs)
+    is_reasoning_open = prompt_opens_reasoning(profile.call_family, prompt_text)
+    options = dataclasses.replace(
+        constraints.parser_options,
+        has_reasoning=profile.has_reasoning,
+        is_reasoning_open=is_reasoning_open,
+    )
+    guide_factory: GuideFactory | None = None
+    if constraints.grammar is not None:
+        service = core.grammar
+        assert service is not None  # set when the model attached
+        compiled = await service.compile(constraints.grammar, constraints.grammar_param)
+        guide_factory = reasoning_aware(
+            lambda: service.guide(compiled),
+            start_ids=profile.reasoning_start_ids,
+            end_ids=profile.reasoning_end_ids,
+            is_reasoning_open=is_reasoning_open,
+            may_reason=profile.has_reasoning and chat.template_kwargs.get("enable_thinking") is not False,
+        )
+    return PreparedChat(
+        prompt_text=prompt_text,
+        prompt_ids=profile.tokenize(prompt_text),
+        channels=ChannelSpec(profile.call_family, options, profile.strip_texts),
+        guide_factory=guide_factory,
+        keeps_special_tokens=profile.keeps_special_tokens,
+        degraded=constraints.degraded,
+    )

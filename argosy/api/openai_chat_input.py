@@ -1,0 +1,173 @@
+"""OpenAI chat wire shapes -> the neutral chat request (argosy/chat/messages.py).
+
+Messages' `tool_calls`, `tool_call_id` and `reasoning_content` / `reasoning`, and the request's
+`tools`, `tool_choice`, `parallel_tool_calls` and `response_format`, checked here with no
+model at hand; a malformed one is a 400 whose `param` names the exact field
+(`messages[1].tool_calls[0].function.arguments`, `tools[0].function.name`, `tool_choice`,
+`response_format`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from argosy.chat.messages import (
+    ChatInput,
+    Message,
+    OutputFormat,
+    ToolCallRecord,
+    ToolChoice,
+    ToolDefinition,
+)
+from argosy.errors import InvalidRequestError
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_ROLES = {"developer": "system"}
+
+
+def _refuse(param: str, message: str) -> InvalidRequestError:
+    return InvalidRequestError(f"Invalid '{param}': {message}.", param)
+
+
+def _optional_str(value: Any, param: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise _refuse(param, f"expected a string, got {type(value).__name__}")
+
+
+def message_from_wire(
+    index: int, role: str, content: str | None, name: str | None, extra: Mapping[str, Any]
+) -> Message:
+    """One message; `extra` holds the fields beyond role / content / name."""
+    where = f"messages[{index}]"
+    message = Message(role=_ROLES.get(role, role), content=content, name=name)
+    if role == "assistant":
+        reasoning = extra.get("reasoning_content", extra.get("reasoning"))
+        field_name = "reasoning_content" if "reasoning_content" in extra else "reasoning"
+        message.reasoning = _optional_str(reasoning, f"{where}.{field_name}")
+        calls = extra.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise _refuse(f"{where}.tool_calls", "expected a list of tool calls")
+            message.tool_calls = [
+                _call_from_wire(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)
+            ]
+    if role == "tool":
+        call_id = _optional_str(extra.get("tool_call_id"), f"{where}.tool_call_id")
+        if call_id is None:
+            raise InvalidRequestError(
+                f"Missing required parameter: '{where}.tool_call_id'.", f"{where}.tool_call_id"
+            )
+        message.tool_call_id = call_id
+    return message
+
+
+def _call_from_wire(call: Any, where: str) -> ToolCallRecord:
+    if not isinstance(call, dict):
+        raise _refuse(where, "expected an object")
+    if call.get("type", "function") != "function":
+        raise _refuse(f"{where}.type", f"expected 'function', got {call.get('type')!r}")
+    function = call.get("function")
+    if not isinstance(function, dict):
+        raise InvalidRequestError(f"Missing required parameter: '{where}.function'.", f"{where}.function")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise _refuse(f"{where}.function.name", "expected a non-empty string")
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, dict):  # some clients send the object itself
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    if not isinstance(arguments, str):
+        raise _refuse(f"{where}.function.arguments", "expected a JSON string")
+    return ToolCallRecord(name, arguments, _optional_str(call.get("id"), f"{where}.id"))
+
+
+def tools_from_wire(tools: Any) -> list[ToolDefinition]:
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise _refuse("tools", "expected a list of tools")
+    definitions: list[ToolDefinition] = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise _refuse(where, "expected an object")
+        if tool.get("type", "function") != "function":
+            raise _refuse(f"{where}.type", f"only 'function' tools are supported, got {tool.get('type')!r}")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise InvalidRequestError(f"Missing required parameter: '{where}.function'.", f"{where}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.match(name):
+            raise _refuse(
+                f"{where}.function.name", "expected 1 to 64 letters, digits, underscores, dots or dashes"
+            )
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise _refuse(f"{where}.function.parameters", "expected a JSON schema object")
+        strict = function.get("strict") is True
+        description = _optional_str(function.get("description"), f"{where}.function.description")
+        definitions.append(ToolDefinition(name, description, parameters, strict))
+    return definitions
+
+
+def tool_choice_from_wire(value: Any) -> ToolChoice:
+    if value is None or value == "auto":
+        return ToolChoice("auto")
+    if value in ("none", "required"):
+        return ToolChoice(value)
+    if isinstance(value, dict) and value.get("type") == "function":
+        function = value.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str) and name:
+            return ToolChoice("named", name)
+    raise _refuse(
+        "tool_choice",
+        'expected "auto", "none", "required" or {"type": "function", "function": {"name": ...}}',
+    )
+
+
+def output_format_from_wire(value: Any) -> OutputFormat | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _refuse("response_format", "expected an object")
+    kind = value.get("type")
+    if kind in ("text", "json_object"):
+        return OutputFormat(kind)
+    if kind != "json_schema":
+        raise _refuse(
+            "response_format.type", f"expected 'text', 'json_object' or 'json_schema', got {kind!r}"
+        )
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise InvalidRequestError(
+            "response_format of type json_schema needs a json_schema object with a schema.", "response_format"
+        )
+    schema = spec.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise _refuse("response_format.json_schema.schema", "expected a JSON schema object")
+    name = _optional_str(spec.get("name"), "response_format.json_schema.name")
+    return OutputFormat("json_schema", schema, name, spec.get("strict") is True)
+
+
+def chat_input_from_wire(
+    messages: Sequence[tuple[str, str | None, str | None, Mapping[str, Any]]],
+    *,
+    tools: Any = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool | None = None,
+    response_format: Any = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> ChatInput:
+    """`messages` as (role, content, name, extra fields) each."""
+    return ChatInput(
+        messages=[message_from_wire(i, *message) for i, message in enumerate(messages)],
+        tools=tools_from_wire(tools),
+        tool_choice=tool_choice_from_wire(tool_choice),
+        parallel_tool_calls=parallel_tool_calls is not False,
+        output_format=output_format_from_wire(response_format),
+        template_kwargs=dict(template_kwargs or {}),
+    )

@@ -1,0 +1,334 @@
+"""OpenAI `/v1/responses`: create (stream or not), retrieve, delete, list input items.
+
+A response is a session (responses_store.py). A new conversation creates one holding the
+input; `previous_response_id` forks the previous response's session at its end and appends
+the new input, so the client re-sends nothing and the new prompt extends the previous
+prompt + output token for token (responses_request.build_turn): the engine's prefix cache
+serves those tokens (usage.input_tokens_details.cached_tokens). Two responses may continue the
+same one: each is its own fork. As in OpenAI's API, `instructions` are not carried over: each
+turn's own instructions are its system message.
+
+The input is committed before generating, the output once the generation ends and before the
+client is answered (so an immediate continuation sees it); a server killed mid-generation
+leaves the session ending at its input, and continuing it works (the interrupted turn simply
+has no answer).
+
+Streams are framed as OpenAI frames them (`event: <type>` + `data:`, no [DONE]); a
+request timeout, learned once under way, ends the stream as an SSE comment (sse.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from argosy.api.admission import QOS_HEADER, request_qos
+from argosy.api.core import Core, CoreStream
+from argosy.api.errors import internal_error, openai_error_body
+from argosy.api.openai_common import degraded_headers
+from argosy.api.responses_items import conversation_items, input_events, output_items
+from argosy.api.responses_request import ResponsesRequest, build_turn
+from argosy.api.responses_store import (
+    RESPONSE_KIND,
+    StoredResponse,
+    finished_response_json,
+    load_response,
+    not_found,
+    response_id_of,
+    response_json,
+    stored_response_json,
+)
+from argosy.api.responses_stream import ResponseStreamRenderer
+from argosy.api.sessions_bridge import SessionRecorder, SessionSpec
+from argosy.api.sse import SSEResponse, degraded_comment
+from argosy.api.transport import read_model, run_unless_disconnected
+from argosy.errors import ArgosyError, InvalidRequestError, NotFoundError
+from argosy.sessions.events import SessionEvent
+from argosy.sessions.store import Session, SessionStore
+
+router = APIRouter()
+log = logging.getLogger("argosy.api")
+
+ROUTE = "POST /v1/responses"
+
+
+def _open_session(
+    store: SessionStore,
+    previous: StoredResponse | None,
+    metadata: dict[str, Any],
+    is_ephemeral: bool,
+    inputs: list[SessionEvent],
+) -> Session:
+    if previous is None:
+        return store.create(metadata=metadata, ephemeral=is_ephemeral, events=inputs)
+    return store.fork(
+        previous.key,
+        at_event=previous.session.last_seq,
+        metadata=metadata,
+        ephemeral=is_ephemeral,
+        events=inputs,
+    )
+
+
+def _in_flight(request: Request) -> set[str]:
+    state = request.app.state
+    if not hasattr(state, "responses_in_flight"):
+        state.responses_in_flight = set()
+    flying: set[str] = state.responses_in_flight
+    return flying
+
+
+def _recorder(core: Core) -> SessionRecorder:
+    if core.sessions is None:
+        raise ArgosyError("This server keeps no sessions; /v1/responses needs them.")
+    return core.sessions
+
+
+# -- create ---------------------------------------------------------------------------------------
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request) -> Response:
+    core: Core = request.app.state.core
+    body = await read_model(request, ResponsesRequest)
+    body.check()
+    inputs = input_events(body.input)
+    qos = request_qos(body.priority, request.headers.get(QOS_HEADER))
+    model_id = core.resolve_model(body.model)
+    recorder = _recorder(core)
+    previous = None
+    if body.previous_response_id is not None:
+        previous = await recorder.read(
+            load_response, recorder.store, body.previous_response_id, "previous_response_id"
+        )
+        if previous.key in _in_flight(request):
+            raise InvalidRequestError(
+                f"Previous response with id '{body.previous_response_id}' is still in progress.",
+                "previous_response_id",
+            )
+    turn = await build_turn(core, body, inputs, previous)
+    created_at = int(time.time())
+    echo = body.echo(model_id, created_at)
+    input_from = previous.session.last_seq + 1 if previous is not None else 1
+    metadata = {
+        "kind": RESPONSE_KIND,
+        "response": echo,
+        "prompt_ids": turn.prepared.prompt_ids,
+        "prompt_source": turn.prompt_source,
+        "input_from_seq": input_from,
+        "output_from_seq": input_from + len(inputs),
+    }
+    spec = SessionSpec(inputs=[list(inputs)], metadata=metadata, is_ephemeral=not body.store)
+    core_request = turn.prepared.core_request(
+        body.sampling(),
+        qos=qos,
+        batch_invariant=body.batch_invariant,
+        session=spec,
+        route=ROUTE,
+        prompt_param="input",
+        request_id=request.state.request_id,
+    )
+    stream = core.start(core_request)  # every check, and admission, before the session opens
+    degraded = body.degraded_fields() + turn.degraded
+    try:
+        session = await recorder.write(
+            "open response session", _open_session, recorder.store, previous, metadata, not body.store, inputs
+        )
+        key = session.id
+        spec.session_id, spec.input_end_seq = key, session.last_seq
+    except NotFoundError:  # the previous response was deleted meanwhile
+        raise not_found(body.previous_response_id or "", "previous_response_id") from None
+    except Exception:
+        log.exception("could not store the response; serving it unstored")
+        key, spec.is_ephemeral = uuid.uuid4().hex, True  # the core records it as it can
+        degraded.append("store")
+    response_id = response_id_of(key)
+    flying = _in_flight(request)
+    if body.stream:
+        frames = _sse(_stream_events(stream, key, echo, flying), stream.degraded)
+        return SSEResponse(frames, headers=degraded_headers(degraded))
+    result = await run_unless_disconnected(request, _complete(stream, response_id, echo, flying))
+    if result is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    return JSONResponse(result, headers=degraded_headers(degraded + stream.degraded))
+
+
+async def _committed(stream: CoreStream) -> bool:
+    """Wait until the generation's events are stored; False (logged already) if not."""
+    if stream.record is None or stream.record.committed is None:
+        return False
+    try:
+        await asyncio.wrap_future(stream.record.committed)
+    except Exception:
+        return False
+    return True
+
+
+async def _complete(
+    stream: CoreStream, response_id: str, echo: dict[str, Any], flying: set[str]
+) -> dict[str, Any]:
+    key = response_id.removeprefix("resp_")
+    flying.add(key)
+    try:
+        async with stream:
+            async for _ in stream:
+                pass  # the record gathers the output
+    finally:
+        flying.discard(key)
+    await _committed(stream)
+    events = _output_events(stream)
+    return finished_response_json(response_id, echo, events, output_items(events, key))
+
+
+def _output_events(stream: CoreStream) -> list[SessionEvent]:
+    """The generation's output as its session records it (whether or not the store took it)."""
+    record = stream.record
+    return record.outputs[0] if record is not None and record.outputs else []
+
+
+async def _stream_events(
+    stream: CoreStream, key: str, echo: dict[str, Any], flying: set[str]
+) -> AsyncIterator[dict[str, Any]]:
+    response_id = response_id_of(key)
+    renderer = ResponseStreamRenderer(key)
+    in_progress = response_json(response_id, echo, status="in_progress", output=[], usage=None)
+    yield renderer.lifecycle("response.created", in_progress)
+    yield renderer.lifecycle("response.in_progress", in_progress)
+    flying.add(key)
+    try:
+        async with stream:
+            async for event in stream:
+                for payload in renderer.on_event(event):
+                    yield payload
+    finally:
+        flying.discard(key)
+    await _committed(stream)
+    final = finished_response_json(response_id, echo, _output_events(stream), renderer.items)
+    kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
+        final["status"], "response.failed"
+    )
+    yield renderer.lifecycle(kind, final)
+
+
+async def _sse(events: AsyncIterator[dict[str, Any]], late_degraded: list[str]) -> AsyncIterator[bytes]:
+    """SSE as OpenAI frames the Responses stream: `event: <type>` + data; no [DONE]. A failure
+    is one `error` event (type, code, message, param, sequence_number). What was degraded only
+    once under way (`late_degraded`, read at the end: a request timeout) closes the stream as
+    an SSE comment (sse.degraded_comment)."""
+    sequence_number = 0
+    try:
+        async for payload in events:
+            sequence_number = payload["sequence_number"] + 1
+            yield _frame(payload["type"], payload)
+    except Exception as exc:
+        error = exc if isinstance(exc, ArgosyError) else internal_error(exc)
+        if not isinstance(exc, ArgosyError):
+            log.exception("response stream failed")
+        body = openai_error_body(error)["error"]
+        yield _frame(
+            "error",
+            {
+                "type": "error",
+                "code": body["code"] or body["type"],
+                "message": body["message"],
+                "param": body["param"],
+                "sequence_number": sequence_number,
+            },
+        )
+        return
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+    if late_degraded:
+        yield degraded_comment(late_degraded)
+
+
+def _frame(kind: str, payload: dict[str, Any]) -> bytes:
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {kind}\ndata: {data}\n\n".encode()
+
+
+# -- retrieve, delete, input items ---------------------------------------------------------------
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(request: Request, response_id: str) -> JSONResponse:
+    recorder = _recorder(request.app.state.core)
+    stored = await recorder.read(load_response, recorder.store, response_id)
+    return JSONResponse(stored_response_json(stored, is_in_flight=stored.key in _in_flight(request)))
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(request: Request, response_id: str) -> JSONResponse:
+    recorder = _recorder(request.app.state.core)
+    stored = await recorder.read(load_response, recorder.store, response_id)
+    try:
+        await recorder.write("delete response", recorder.store.delete, stored.key)
+    except NotFoundError:
+        raise not_found(response_id) from None
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(request: Request, response_id: str) -> JSONResponse:
+    """Everything the response was generated from, as items: earlier turns (their inputs and
+    outputs) and its own input. `order` asc|desc (default desc), `limit` 1..100 (20),
+    `after` an item id."""
+    params = request.query_params
+    order = params.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequestError(f"order must be 'asc' or 'desc', got {order!r}.", "order")
+    try:
+        limit = int(params.get("limit", "20"))
+    except ValueError:
+        raise InvalidRequestError("limit must be an integer.", "limit") from None
+    if not 1 <= limit <= 100:
+        raise InvalidRequestError(f"limit must be between 1 and 100, got {limit}.", "limit")
+    recorder = _recorder(request.app.state.core)
+    stored = await recorder.read(load_response, recorder.store, response_id)
+    items = conversation_items(stored.prior_events)
+    if order == "desc":
+        items.reverse()
+    after = params.get("after")
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise InvalidRequestError(
+                f"No input item with id {after!r} in response '{response_id}'.", "after"
+            )
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+    )
+
+
+@router.get("/v1/argosy/responses/{response_id}/prompt")
+async def response_prompt(request: Request, response_id: str) -> JSONResponse:
+    """The prompt a stored response was generated from, as the model saw it (introspection)."""
+    core: Core = request.app.state.core
+    recorder = _recorder(core)
+    stored = await recorder.read(load_response, recorder.store, response_id)
+    prompt_ids = list(stored.metadata.get("prompt_ids", []))
+    return JSONResponse(
+        {
+            "id": response_id,
+            "prompt": core.decode(prompt_ids),
+            "prompt_token_ids": prompt_ids,
+            "prompt_source": stored.metadata.get("prompt_source"),
+        }
+    )

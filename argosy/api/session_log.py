@@ -1,0 +1,120 @@
+"""ChoiceLog: one choice's neutral events (and its token ids) -> the session events recorded.
+
+Consecutive deltas of one channel become one SpanGenerated; a tool call becomes a span on the
+`tool_call` channel holding its arguments text, then a ToolUsed; a call that failed to parse
+a ToolParseFailed (its text came back on another channel too, as the parser says); the finish
+a Finished with the usage.
+
+Token ids: every generated id lands in exactly one span, so joining the spans' `token_ids` in
+order gives the choice's output ids exactly (a continued conversation rebuilds its prompt from
+them). Ids are given to the span of the next event that follows them, since an engine output
+produces its events after its ids arrive; ids that no event follows (the end-of-sequence
+token, text held back at the end) join the last span, or an empty text span when there is none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from argosy.chat.events import (
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolParseFailure,
+)
+from argosy.sessions.events import Finished, SessionEvent, SpanGenerated, ToolParseFailed, ToolUsed
+
+
+@dataclass(slots=True)
+class _Span:
+    channel: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Call:
+    call_id: str
+    name: str
+    arguments: str = ""
+
+
+class ChoiceLog:
+    """Accumulates one choice's output as session events; `events()` at the end."""
+
+    def __init__(self) -> None:
+        self._items: list[_Span | SessionEvent] = []
+        self._pending_ids: list[int] = []
+        self._calls: dict[int, tuple[_Call, _Span]] = {}
+        self.finish: Finished | None = None
+
+    @property
+    def num_token_ids(self) -> int:
+        spans = (item for item in self._items if isinstance(item, _Span))
+        return sum(len(span.token_ids) for span in spans) + len(self._pending_ids)
+
+    def add_token_ids(self, token_ids: list[int]) -> None:
+        self._pending_ids.extend(token_ids)
+
+    def add(self, event: Any) -> None:
+        """Take one neutral event of this choice; kinds with nothing to record are skipped."""
+        if isinstance(event, TextDelta):
+            self._extend("text", event.text)
+        elif isinstance(event, ReasoningDelta):
+            self._extend("reasoning", event.text)
+        elif isinstance(event, ToolCallStart):
+            span = _Span("tool_call")
+            self._take_pending(span)
+            self._items.append(span)
+            self._calls[event.call_index] = (_Call(event.call_id, event.name), span)
+        elif isinstance(event, ToolCallArgsDelta):
+            call, span = self._calls[event.call_index]
+            call.arguments += event.fragment
+            span.text += event.fragment
+            self._take_pending(span)
+        elif isinstance(event, ToolCallEnd):
+            call, _ = self._calls[event.call_index]
+            self._items.append(ToolUsed(call_id=call.call_id, name=call.name, arguments=call.arguments))
+        elif isinstance(event, ToolParseFailure):
+            self._items.append(ToolParseFailed(raw_text=event.text, reason=event.reason))
+        elif isinstance(event, Finish):
+            usage = {
+                "prompt_tokens": event.usage.prompt_tokens,
+                "completion_tokens": event.usage.completion_tokens,
+                "cached_tokens": event.usage.cached_tokens,
+            }
+            self.finish = Finished(reason=event.reason, usage=usage)
+
+    def events(self, unfinished_reason: str = "abort") -> list[SessionEvent]:
+        """Everything recorded, ending with a Finished (`unfinished_reason` when the choice
+        never finished: cancelled, failed, timed out before its Finish)."""
+        if self._pending_ids:
+            spans = [item for item in self._items if isinstance(item, _Span)]
+            if not spans:
+                spans = [_Span("text")]
+                self._items.append(spans[0])
+            self._take_pending(spans[-1])
+        events: list[SessionEvent] = [
+            SpanGenerated(item.channel, item.text, list(item.token_ids)) if isinstance(item, _Span) else item
+            for item in self._items
+        ]
+        events.append(self.finish or Finished(reason=unfinished_reason))
+        return events
+
+    def _extend(self, channel: str, text: str) -> None:
+        if not text:  # ids stay pending for the next event that carries something
+            return
+        last = self._items[-1] if self._items else None
+        if not isinstance(last, _Span) or last.channel != channel:
+            last = _Span(channel)
+            self._items.append(last)
+        last.text += text
+        self._take_pending(last)
+
+    def _take_pending(self, span: _Span) -> None:
+        span.token_ids.extend(self._pending_ids)
+        self._pending_ids = []

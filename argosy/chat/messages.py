@@ -1,0 +1,120 @@
+"""A chat request in neutral terms: messages, tools, tool choice and output format.
+
+Every dialect (OpenAI chat and responses, later Anthropic and Ollama) translates its wire
+shapes into these; argosy/api/chat_request.py turns a ChatInput into what the core runs.
+`template_messages` writes messages the way chat templates read them (transformers'
+convention): an assistant's calls as `tool_calls: [{id, type, function: {name, arguments}}]`
+with the arguments as a dict (the wire carries JSON text; templates mostly `tojson` them), its
+reasoning as `reasoning_content`, a tool result's `tool_call_id`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ToolChoiceMode = Literal["auto", "none", "required", "named"]
+OutputFormatKind = Literal["text", "json_object", "json_schema"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRecord:
+    """A call an assistant made earlier in the conversation."""
+
+    name: str
+    arguments: str  # JSON text, as the wire carries it
+    call_id: str | None = None
+
+    def arguments_value(self) -> Any:
+        """The arguments as templates want them: the decoded object, else the text as is."""
+        try:
+            value = json.loads(self.arguments)
+        except ValueError:
+            return self.arguments
+        return value if isinstance(value, dict) else self.arguments
+
+
+@dataclass(slots=True)
+class Message:
+    role: str  # "system" | "user" | "assistant" | "tool" (dialects map their own roles)
+    content: str | None = None
+    name: str | None = None
+    reasoning: str | None = None  # an assistant turn's reasoning, handed back
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    tool_call_id: str | None = None  # a tool result: the call it answers
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDefinition:
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON schema of the arguments; None: any object
+    strict: bool = False
+
+    def template_json(self) -> dict[str, Any]:
+        """The tool as chat templates (and our own tool prompt) list it."""
+        function: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            function["description"] = self.description
+        if self.parameters is not None:
+            function["parameters"] = self.parameters
+        return {"type": "function", "function": function}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    mode: ToolChoiceMode = "auto"
+    name: str | None = None  # the tool to call, for mode "named"
+
+    @property
+    def is_forced(self) -> bool:
+        return self.mode in ("required", "named")
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFormat:
+    """What the answer's text must be: free text, any JSON object, or JSON of `schema`."""
+
+    kind: OutputFormatKind = "text"
+    schema: dict[str, Any] | None = None
+    name: str | None = None
+    strict: bool = False
+
+
+@dataclass(slots=True)
+class ChatInput:
+    """One chat request, dialect-free: what to render and how to constrain and parse the output."""
+
+    messages: list[Message]
+    tools: list[ToolDefinition] = field(default_factory=list)
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    output_format: OutputFormat | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # enable_thinking, reasoning_effort...
+
+
+def template_message(message: Message) -> dict[str, Any]:
+    """One message as chat templates read it (keys with no value are left out)."""
+    rendered: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.name is not None:
+        rendered["name"] = message.name
+    if message.role == "assistant":
+        if message.reasoning is not None:
+            rendered["reasoning_content"] = message.reasoning
+        if message.tool_calls:
+            rendered["tool_calls"] = [
+                {
+                    **({"id": call.call_id} if call.call_id is not None else {}),
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments_value()},
+                }
+                for call in message.tool_calls
+            ]
+    if message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
+    return rendered
+
+
+def template_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    return [template_message(message) for message in messages]

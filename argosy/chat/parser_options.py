@@ -1,0 +1,33 @@
+"""What one request asks of a channel parser (ParserOptions), and the parser's contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from argosy.chat.events import ChannelEvent
+
+
+class ChannelParser(Protocol):
+    def feed(self, delta: str) -> list[ChannelEvent]: ...
+
+    def finish(self) -> list[ChannelEvent]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ParserOptions:
+    """What one request asks of the parser.
+
+    `has_reasoning` / `has_tool_calls`: parse that channel (tool_choice "none" -> no calls).
+    `tool_names`: the declared tools (None accepts any name). `can_call_in_parallel`: the
+    request's parallel_tool_calls. `is_reasoning_open`: the prompt already opened the reasoning
+    block (see `prompt_opens_reasoning`). `is_call_forced`: a grammar forces calls (tool_choice
+    "required" or named), so bare JSON at the start of the output is calls too.
+    """
+
+    has_reasoning: bool = True
+    has_tool_calls: bool = True
+    tool_names: frozenset[str] | None = None
+    can_call_in_parallel: bool = True
+    is_reasoning_open: bool = False
+    is_call_forced: bool = False
