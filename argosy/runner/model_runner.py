@@ -147,7 +147,8 @@ class ModelRunner:
         ctx = max_blocks * bs
         meta.num_decodes = len(tables)
         meta.decode_max_context = ctx
-        meta.decode_slots = (padded.unsqueeze(2) * bs + torch.arange(bs)).view(-1)
+        meta.decode_block_ids = padded.view(-1)
+        meta.block_size = bs
         valid = torch.arange(ctx).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
         bias = torch.zeros(len(tables), ctx).masked_fill(~valid, float("-inf"))
         meta.decode_bias = bias.view(len(tables), 1, 1, ctx)
