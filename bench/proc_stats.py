@@ -1,0 +1,122 @@
+"""What a server process tree costs, read from /proc: peak RSS and how busy everyone else was.
+
+`ProcessTreeSampler` walks the tree under a root pid every half second (children that exit
+early still count) and keeps, per pid, the largest VmHWM and CPU time seen. Peak RSS is the sum
+of the per-pid peaks. `other_cpu_percent` is the share of the machine's CPU time, over the
+sampler's life, used by processes outside the tree and outside this benchmark process: on a
+shared machine that is the noise under every figure.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # the command name may hold spaces and parentheses: fields restart after the last ')'
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def process_tree(root_pid: int) -> list[int]:
+    children = _children_map()
+    pids, stack = [], [root_pid]
+    while stack:
+        pid = stack.pop()
+        pids.append(pid)
+        stack.extend(children.get(pid, []))
+    return pids
+
+
+def vm_hwm_kib(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def process_cpu_ticks(pid: int) -> int | None:
+    """utime + stime of one process, in clock ticks."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), counted from state
+
+
+def machine_cpu_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks over all CPUs since boot; idle and iowait are not busy."""
+    values = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    total = sum(values[:8])  # guest time is already inside user
+    return total - values[3] - values[4], total
+
+
+def own_cpu_ticks() -> int:
+    times = os.times()
+    return round((times.user + times.system) * CLOCK_TICKS_PER_S)
+
+
+class ProcessTreeSampler:
+    def __init__(self, root_pid: int, interval_s: float = 0.5) -> None:
+        self.root_pid = root_pid
+        self.interval_s = interval_s
+        self.peak_kib_by_pid: dict[int, int] = {}
+        self.cpu_ticks_by_pid: dict[int, int] = {}
+        self.machine_start = machine_cpu_ticks()
+        self.own_start = own_cpu_ticks()
+        self.machine_end = self.machine_start
+        self.own_end = self.own_start
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        with self._lock:
+            for pid in process_tree(self.root_pid):
+                kib = vm_hwm_kib(pid)
+                if kib is not None:
+                    self.peak_kib_by_pid[pid] = max(kib, self.peak_kib_by_pid.get(pid, 0))
+                ticks = process_cpu_ticks(pid)
+                if ticks is not None:
+                    self.cpu_ticks_by_pid[pid] = max(ticks, self.cpu_ticks_by_pid.get(pid, 0))
+            self.machine_end = machine_cpu_ticks()
+            self.own_end = own_cpu_ticks()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def stop(self) -> None:
+        """One last sample, then no more (call before the tree is killed)."""
+        self.sample()
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def peak_rss_mib(self) -> float:
+        return sum(self.peak_kib_by_pid.values()) / 1024
+
+    def other_cpu_percent(self) -> float | None:
+        busy = self.machine_end[0] - self.machine_start[0]
+        total = self.machine_end[1] - self.machine_start[1]
+        if total <= 0:
+            return None
+        ours = sum(self.cpu_ticks_by_pid.values()) + (self.own_end - self.own_start)
+        return max(0.0, busy - ours) / total * 100
