@@ -163,20 +163,6 @@ def _print_config(engine_config: EngineConfig, server_config: ServerConfig) -> N
     line("operator sampling", operator_values)
 
 
-def _start_torch_threads(num_threads: int | None) -> None:
-    """Run one parallel torch op on the main thread before any other thread touches torch.
-
-    Measured: when the first parallel region runs on a short-lived loader thread, the engine
-    thread's later steps decode ~10x slower (OpenMP thread-pool ownership); starting the pool
-    here, on the thread that lives as long as the process, avoids it.
-    """
-    import torch
-
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    torch.ones(1024, 1024) @ torch.ones(1024, 1024)
-
-
 def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     import uvicorn
 
@@ -214,7 +200,7 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
             from argosy.engine.async_engine import AsyncEngine
             from argosy.engine.llm_engine import LLMEngine
 
-            engines.append(AsyncEngine(LLMEngine(engine_config)))
+            engines.append(AsyncEngine(lambda: LLMEngine(engine_config)))  # built on its own thread
             core.attach(engines[0])
             info = core.model_info()
             log.info(
@@ -232,7 +218,6 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
-        _start_torch_threads(engine_config.num_threads)
         threading.Thread(target=load_model, name="argosy-load", daemon=True).start()
         yield
 
