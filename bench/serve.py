@@ -25,23 +25,11 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from workloads import TOPICS  # noqa: E402  (the seeded prompt topics compare.py uses too)
 
 from tests.e2e.server import ServerProcess  # noqa: E402
-
-TOPICS = [
-    "the history of the printing press",
-    "how bees make honey",
-    "why the sky is blue",
-    "the rules of chess",
-    "how a steam engine works",
-    "the water cycle",
-    "the life of a star",
-    "how vaccines train the immune system",
-    "the causes of ocean tides",
-    "how bread rises",
-    "the invention of the telescope",
-    "how birds migrate",
-]
 
 
 @dataclass
