@@ -18,6 +18,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto | bfloat16 | float32 | float16
     quantization: str = "none"  # none | int4 (a GGUF's own Q4 blocks) | int8 | auto
     device: str = "cpu"
+    compile: str = "off"  # off | on: torch.compile the decode step at start-up (eager fallback)
     max_model_len: int | None = None  # None: the model's own context length
     block_size: int = 16
     kv_cache_memory: int = 512 * 1024 * 1024  # bytes for K and V across all layers
@@ -38,6 +39,8 @@ class EngineConfig:
             raise InvalidRequestError(
                 f"quantization must be none, int4, int8 or auto, got {self.quantization!r}", "quantization"
             )
+        if self.compile not in ("off", "on"):
+            raise InvalidRequestError(f"compile must be off or on, got {self.compile!r}", "compile")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise InvalidRequestError(
                 f"block_size must be a power of two, got {self.block_size}", "block_size"

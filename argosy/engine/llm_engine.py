@@ -22,6 +22,7 @@ from argosy.engine.sequence import Sequence
 from argosy.errors import ContextLengthExceededError, InvalidRequestError, ModelLoadError
 from argosy.models.gguf_quant import INT4_FILE
 from argosy.models.llama import DecoderForCausalLM
+from argosy.models.packed_linear import apply_packing, packing_supported
 from argosy.models.quantize import apply_int4, apply_int8
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
@@ -44,9 +45,19 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return torch.bfloat16 if has_bf16 else torch.float32
 
 
+# int4 weights serve steps of up to this many rows; packed bf16 the rest (measured: bench/engine.py)
+MAX_INT4_ROWS = 4
+
+
 def load_model(
-    source: ModelSource, dtype: torch.dtype, device: str = "cpu", quantization: str = "none"
+    source: ModelSource,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    quantization: str = "none",
+    pack: bool = False,
 ) -> DecoderForCausalLM:
+    """Build and load the model; quantize it; with `pack`, pack float weights for oneDNN
+    (and keep int4 layers' float twins for steps of many rows)."""
     model = builder_for(source.architecture)(source.hf_config)
     assert isinstance(model, DecoderForCausalLM)
     files = sorted(Path(source.weights_dir).glob("model*.safetensors"))
@@ -59,12 +70,22 @@ def load_model(
 
     model.load_weights(weights())
     model = model.to(device=device, dtype=dtype).eval()
-    _quantize(model, source, dtype, device, quantization)
+    pack = pack and packing_supported(dtype, device)
+    _quantize(model, source, dtype, device, quantization, MAX_INT4_ROWS if pack else 0)
+    if pack:
+        log.info(
+            "packed %s weights: %d linear layers", str(dtype).removeprefix("torch."), apply_packing(model)
+        )
     return model
 
 
 def _quantize(
-    model: DecoderForCausalLM, source: ModelSource, dtype: torch.dtype, device: str, mode: str
+    model: DecoderForCausalLM,
+    source: ModelSource,
+    dtype: torch.dtype,
+    device: str,
+    mode: str,
+    max_int4_rows: int = 0,
 ) -> None:
     if mode == "none":
         return
@@ -74,7 +95,7 @@ def _quantize(
     if mode == "int8":
         count = apply_int8(model, dtype)
     elif blocks_file.exists():
-        count = apply_int4(model, load_file(str(blocks_file)), dtype)
+        count = apply_int4(model, load_file(str(blocks_file)), dtype, max_int4_rows)
     elif mode == "int4":
         raise ModelLoadError("int4 uses a GGUF file's own Q4_0/Q4_1 blocks; this model has none (try int8)")
     else:
@@ -94,7 +115,9 @@ class LLMEngine:
             source = resolve_model(config.model, config.cache_dir)
         self.source = source
         self.dtype = resolve_dtype(config.dtype, config.device)
-        self.model = load_model(self.source, self.dtype, config.device, config.quantization)
+        self.model = load_model(
+            self.source, self.dtype, config.device, config.quantization, pack=config.compile == "on"
+        )
         cfg = self.model.config
         per_block = kv_bytes_per_block(
             cfg.num_layers, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype
@@ -115,6 +138,8 @@ class LLMEngine:
             config.seed,
             config.device,
         )
+        # one graph for batches up to MAX_INT4_ROWS and one above (BatchSwitchLinear's branch)
+        self.compiled = config.compile == "on" and self.runner.compile_decode([2, 3, MAX_INT4_ROWS + 1])
         self.sequences: dict[str, Sequence] = {}
         log.info(
             "engine ready: %s (%s) dtype=%s blocks=%d x %d max_model_len=%d in %.1fs",

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from argosy.models.llama import DecoderForCausalLM
-from argosy.models.quantized_linear import Int4Linear, Int8Linear
+from argosy.models.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear
 
 # our fused module -> the HF weights it is made of, in order
 _FUSED_PARTS = {
@@ -26,9 +26,12 @@ def _replace(model: nn.Module, path: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent_path), attr, module)
 
 
-def apply_int4(model: DecoderForCausalLM, blocks: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
+def apply_int4(
+    model: DecoderForCausalLM, blocks: dict[str, torch.Tensor], dtype: torch.dtype, max_int4_rows: int = 0
+) -> int:
     """Use the file's 4-bit blocks wherever every part of a projection has them; returns the
-    number of layers swapped (the rest keep their float weights)."""
+    number of layers swapped (the rest keep their float weights). With max_int4_rows > 0
+    the float layer is kept too and used for steps of more rows (BatchSwitchLinear)."""
     count = 0
     for i in range(model.config.num_layers):
         for fused, parts in _FUSED_PARTS.items():
@@ -39,7 +42,8 @@ def apply_int4(model: DecoderForCausalLM, blocks: dict[str, torch.Tensor], dtype
             current = model.get_submodule(path)
             assert isinstance(current, nn.Linear)
             codes, d, m = (torch.cat([blocks[f"{n}.{key}"] for n in names]) for key in ("codes", "d", "m"))
-            _replace(model, path, Int4Linear(codes, d, m, current.bias, dtype))
+            int4 = Int4Linear(codes, d, m, current.bias, dtype)
+            _replace(model, path, BatchSwitchLinear(int4, current, max_int4_rows) if max_int4_rows else int4)
             count += 1
     return count
 

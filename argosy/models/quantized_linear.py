@@ -60,3 +60,23 @@ class Int8Linear(nn.Module):
         )
         out = out.view(*shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
+
+
+class BatchSwitchLinear(nn.Module):
+    """Int4 weights for steps of few rows, float weights for the rest.
+
+    A decode step of one or a few sequences is bound by reading the weights, where 4-bit
+    weights win; at more rows (batched decode, prefill) the float kernels are faster
+    (shared/notes/cpu-decode-probe.md). Both hold the same GGUF weights: the float copy is
+    their dequantization. Under torch.compile the branch becomes a guard on the batch size,
+    so each side gets its own graph.
+    """
+
+    def __init__(self, small: nn.Module, large: nn.Module, max_small_rows: int) -> None:
+        super().__init__()
+        self.small, self.large, self.max_small_rows = small, large, max_small_rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        out: torch.Tensor = self.small(x) if rows <= self.max_small_rows else self.large(x)
+        return out

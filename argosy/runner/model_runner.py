@@ -16,6 +16,7 @@ from argosy.engine.scheduler import ScheduledRequest, SchedulerOutput
 from argosy.engine.sequence import Sequence
 from argosy.models.llama import DecoderForCausalLM
 from argosy.runner.attention import AttentionMetadata, PrefillChunk
+from argosy.runner.compiled import MIN_ROWS, CompiledDecoder
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
 
 
@@ -23,6 +24,11 @@ from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
 class StepResult:
     sampled: dict[str, tuple[int, TokenLogprob | None]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+
+
+def _compiled_decode_fits(req: ScheduledRequest) -> bool:
+    """One new token that samples (a decode), and no prompt logprobs to compute."""
+    return req.num_new_tokens == 1 and req.is_sampling and req.seq.params.prompt_logprobs is None
 
 
 def kv_bytes_per_block(
@@ -49,16 +55,24 @@ class ModelRunner:
         self.dtype = dtype
         self.device = torch.device(device)
         cfg = model.config
-        slots = num_blocks * block_size
-        self.kv_caches = [
-            (
-                torch.zeros(slots, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=self.device),
-                torch.zeros(slots, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=self.device),
-            )
-            for _ in range(cfg.num_layers)
-        ]
+        # one extra block at the end: scratch space for the padding rows of compiled steps
+        self.scratch_block = num_blocks
+        shape = (cfg.num_layers, (num_blocks + 1) * block_size, cfg.num_kv_heads, cfg.head_dim)
+        # one K and one V tensor for all layers; each layer works on its own view
+        self.k_all = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.v_all = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.kv_caches = [(self.k_all[i], self.v_all[i]) for i in range(cfg.num_layers)]
+        self.compiled: CompiledDecoder | None = None
         self.sampler = Sampler(vocab_size, torch.Generator().manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
+
+    def compile_decode(self, row_counts: list[int]) -> bool:
+        """Compile the decode step now (start-up) for batches of these sizes (and all sizes
+        that share their graphs); False keeps every step eager."""
+        compiled = CompiledDecoder(self.model, self.block_size)
+        if compiled.warm_up(self.k_all, self.v_all, self.scratch_block, self.dtype, row_counts):
+            self.compiled = compiled
+        return self.compiled is not None
 
     def release(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
@@ -72,6 +86,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> StepResult:
         # decodes first (one token each), then prefill chunks
         batch = sorted(out.scheduled, key=lambda r: r.num_new_tokens != 1)
+        if self.compiled is not None and all(_compiled_decode_fits(r) for r in batch):
+            return self._execute_compiled(batch, self.compiled)
         meta, input_ids, positions = self._prepare(batch)
         if self.device.type != "cpu":
             meta, input_ids = meta.to(self.device), input_ids.to(self.device)
@@ -91,6 +107,32 @@ class ModelRunner:
             rows = [self._sampling_row(r.seq) for _, r in sampling]
             for (_, req), sampled in zip(sampling, self.sampler(logits, rows), strict=True):
                 result.sampled[req.seq.request_id] = sampled
+        return result
+
+    def _execute_compiled(self, batch: list[ScheduledRequest], compiled: CompiledDecoder) -> StepResult:
+        n, bs = len(batch), self.block_size
+        rows = max(n, MIN_ROWS)  # padding rows read and write only the scratch block
+        max_blocks = max(len(r.seq.block_table) for r in batch)
+        block_ids = torch.full((rows, max_blocks), self.scratch_block, dtype=torch.long)
+        positions = torch.zeros(rows, dtype=torch.long)
+        slots = torch.full((rows,), self.scratch_block * bs, dtype=torch.long)
+        ids = torch.zeros(rows, dtype=torch.long)
+        for i, req in enumerate(batch):
+            seq, pos = req.seq, req.seq.num_computed_tokens
+            block_ids[i, : len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.long)
+            positions[i] = pos
+            slots[i] = seq.block_table[pos // bs] * bs + pos % bs
+            ids[i] = seq.token_at(pos)
+        ctx = max_blocks * bs
+        mask = torch.arange(ctx).unsqueeze(0) <= positions.unsqueeze(1)  # padding rows: position 0
+        cos, sin = self.model.rope(positions, self.dtype)
+        logits = compiled(
+            ids, cos, sin, slots, block_ids.view(-1), mask.view(rows, 1, 1, ctx), self.k_all, self.v_all
+        )
+        result = StepResult()
+        sampling_rows = [self._sampling_row(r.seq) for r in batch]
+        for req, sampled in zip(batch, self.sampler(logits[:n].float(), sampling_rows), strict=True):
+            result.sampled[req.seq.request_id] = sampled
         return result
 
     @staticmethod
@@ -150,8 +192,7 @@ class ModelRunner:
         meta.decode_block_ids = padded.view(-1)
         meta.block_size = bs
         valid = torch.arange(ctx).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
-        bias = torch.zeros(len(tables), ctx).masked_fill(~valid, float("-inf"))
-        meta.decode_bias = bias.view(len(tables), 1, 1, ctx)
+        meta.decode_mask = valid.view(len(tables), 1, 1, ctx)
 
     def _prompt_logprobs(
         self, hidden: torch.Tensor, offset: int, req: ScheduledRequest

@@ -1,0 +1,158 @@
+"""A decode step compiled with torch.compile (inductor, freezing) for CPU.
+
+Why: an eager decode step is dominated by per-op dispatch and by aten's bf16 GEMV; inductor
+with freezing packs the weights for oneDNN and fuses the small element-wise ops (see
+shared/notes/cpu-decode-probe.md). One graph covers every batch size and context length:
+the batch dimension is dynamic (batches are padded to at least 2 rows, since a dynamic size
+of 1 would specialise), and attention is an opaque custom op so the context length never
+reaches inductor's code generation.
+
+Each layer's attention op writes its new K/V into the cache in place (a custom op that
+declares the mutation, which inductor re-inplaces: no copy of the cache).
+
+Only decode-only steps use it (one new token per sequence, no prompt logprobs); prefill
+and mixed steps run the eager model. If compiling fails, the runner stays eager.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import cast
+
+import torch
+from torch import nn
+
+from argosy.models.llama import DecoderForCausalLM, DecoderLayer, apply_rope
+from argosy.runner.attention import grouped_decode_attention
+
+log = logging.getLogger("argosy.runner")
+
+MIN_ROWS = 2  # a dynamic batch dimension must never be 1 (it would specialise)
+
+
+@torch.library.custom_op("argosy::paged_decode_attention", mutates_args=("k_cache", "v_cache"))
+def paged_decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    block_ids: torch.Tensor,
+    mask: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
+    """Write each row's new K/V at its slot, then attend over its blocks (CpuPagedAttention's
+    decode, as one opaque op so the context length stays out of inductor's code).
+
+    q: [B, H, D]; k, v: [B, KVH, D]; k_cache, v_cache: [slots, KVH, D]; slots: [B];
+    block_ids: [B * max_blocks]; mask: [B, 1, 1, max_blocks * block_size] bool. Returns [B, H * D].
+    """
+    k_cache.index_copy_(0, slots, k)
+    v_cache.index_copy_(0, slots, v)
+    return grouped_decode_attention(q, k_cache, v_cache, block_ids, mask, block_size)
+
+
+@paged_decode_attention.register_fake
+def _(q, k, v, k_cache, v_cache, slots, block_ids, mask, block_size):  # type: ignore[no-untyped-def]
+    return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+
+
+class DecodeGraph(nn.Module):
+    """The whole decode forward (embeddings to logits) as one traceable function."""
+
+    def __init__(self, model: DecoderForCausalLM, block_size: int) -> None:
+        super().__init__()
+        self.model = model
+        self.block_size = block_size
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        block_ids: torch.Tensor,
+        mask: torch.Tensor,
+        k_all: torch.Tensor,
+        v_all: torch.Tensor,
+    ) -> torch.Tensor:
+        model = self.model
+        n = input_ids.shape[0]
+        x = model.embed_tokens(input_ids)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        for i, module in enumerate(model.layers):
+            layer = cast(DecoderLayer, module)
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q, k, v = attn.qkv_proj(h).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+            q = q.view(n, attn.num_heads, attn.head_dim)
+            k = k.view(n, attn.num_kv_heads, attn.head_dim)
+            v = v.view(n, attn.num_kv_heads, attn.head_dim)
+            if attn.q_norm is not None and attn.k_norm is not None:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            out = torch.ops.argosy.paged_decode_attention(
+                q, k, v, k_all[i], v_all[i], slots, block_ids, mask, self.block_size
+            )
+            x = x + attn.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return model.compute_logits(model.norm(x))
+
+
+class CompiledDecoder:
+    def __init__(self, model: DecoderForCausalLM, block_size: int) -> None:
+        self.block_size = block_size
+        self.graph = DecodeGraph(model, block_size).eval()
+        self.fn = torch.compile(self.graph, dynamic=False, fullgraph=True)
+        self.ready = False
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        block_ids: torch.Tensor,
+        mask: torch.Tensor,
+        k_all: torch.Tensor,
+        v_all: torch.Tensor,
+    ) -> torch.Tensor:
+        for t in (input_ids, cos, sin, slots, mask):
+            torch._dynamo.mark_dynamic(t, 0)
+        torch._dynamo.mark_dynamic(block_ids, 0)
+        torch._dynamo.mark_dynamic(mask, 3)
+        logits: torch.Tensor = self.fn(input_ids, cos, sin, slots, block_ids, mask, k_all, v_all)
+        return logits
+
+    @torch.inference_mode()
+    def warm_up(
+        self,
+        k_all: torch.Tensor,
+        v_all: torch.Tensor,
+        scratch_block: int,
+        dtype: torch.dtype,
+        row_counts: list[int],
+    ) -> bool:
+        """Compile now (at start-up) on dummy rows that only touch the scratch block, once per
+        row count given (layers that switch on the batch size make one graph per side);
+        False (and eager from then on) on failure."""
+        started = time.perf_counter()
+        try:
+            for i, count in enumerate(row_counts):
+                rows, blocks = max(count, MIN_ROWS), 2 + i
+                ids = torch.zeros(rows, dtype=torch.long)
+                positions = torch.zeros(rows, dtype=torch.long)
+                cos, sin = self.graph.model.rope(positions, dtype)
+                slots = torch.full((rows,), scratch_block * self.block_size, dtype=torch.long)
+                block_ids = torch.full((rows * blocks,), scratch_block, dtype=torch.long)
+                mask = torch.zeros(rows, 1, 1, blocks * self.block_size, dtype=torch.bool)
+                mask[..., 0] = True
+                self(ids, cos, sin, slots, block_ids, mask, k_all, v_all)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure means: stay eager
+            log.warning("torch.compile of the decode step failed (%s); decoding eagerly", exc)
+            return False
+        self.ready = True
+        log.info("decode step compiled in %.1fs", time.perf_counter() - started)
+        return True
