@@ -41,8 +41,7 @@ class Sampler:
         logits = logits[:, : self.vocab_size]
         want_logprobs = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits[want_logprobs], dim=-1) if want_logprobs else None
-        self._apply_penalties(logits, rows)
-        self._apply_bias_and_guides(logits, rows)
+        self.process_logits(logits, rows)
         tokens = torch.empty(len(rows), dtype=torch.long)
         greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
         if greedy:
@@ -68,6 +67,11 @@ class Sampler:
         return result
 
     # -- logit processing ----------------------------------------------------------------
+    def process_logits(self, logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+        """Penalties, logit_bias and grammar masks, in place (what greedy takes the argmax of)."""
+        self._apply_penalties(logits, rows)
+        self._apply_bias_and_guides(logits, rows)
+
     def _apply_penalties(self, logits: torch.Tensor, rows: list[SamplingRow]) -> None:
         for i, row in enumerate(rows):
             p = row.params
@@ -110,19 +114,23 @@ class Sampler:
         values, indices = logits.topk(min(k_max, logits.shape[1]), dim=-1)  # sorted, descending
         rank = torch.arange(values.shape[1])
         values = values.masked_fill(rank >= torch.tensor(ks).unsqueeze(1), float("-inf"))
-        probs = self._truncate(values, rows)
+        probs = self.truncate(values, rows)
         noise = self._noise(rows, [min(k, values.shape[1]) for k in ks], values.shape[1])
         choice = (probs / noise).argmax(dim=-1, keepdim=True)
         return indices.gather(1, choice).squeeze(1)
 
     def _sample_full(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         values, indices = logits.sort(dim=-1, descending=True)
-        probs = self._truncate(values, rows)
+        ks = torch.tensor([r.params.top_k for r in rows]).unsqueeze(1)
+        if (ks > 0).any():  # top_k above the fast path's limit
+            rank = torch.arange(values.shape[1])
+            values = values.masked_fill((ks > 0) & (rank >= ks), float("-inf"))
+        probs = self.truncate(values, rows)
         noise = self._noise(rows, [values.shape[1]] * len(rows), values.shape[1])
         choice = (probs / noise).argmax(dim=-1, keepdim=True)
         return indices.gather(1, choice).squeeze(1)
 
-    def _truncate(self, sorted_logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    def truncate(self, sorted_logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Temperature, top-p, min-p on logits sorted descending; returns probabilities."""
         temps = torch.tensor([r.params.temperature for r in rows], dtype=sorted_logits.dtype).unsqueeze(1)
         probs = torch.softmax(sorted_logits / temps, dim=-1)
