@@ -17,12 +17,14 @@ from argosy.engine.sequence import Sequence
 from argosy.models.llama import DecoderForCausalLM
 from argosy.runner.attention import AttentionMetadata, PrefillChunk
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
+from argosy.runner.spec_decode import Verified, verify_batch
 
 
 @dataclass(slots=True)
 class StepResult:
     sampled: dict[str, tuple[int, TokenLogprob | None]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+    verified: dict[str, Verified] = field(default_factory=dict)  # requests that carried a draft
 
 
 def kv_bytes_per_block(
@@ -77,7 +79,7 @@ class ModelRunner:
             meta, input_ids = meta.to(self.device), input_ids.to(self.device)
         hidden = self.model(input_ids, self.kv_caches, meta)
         result = StepResult()
-        sampling = [(i, r) for i, r in enumerate(batch) if r.is_sampling]
+        sampling = [(i, r) for i, r in enumerate(batch) if r.is_sampling and not r.num_spec_tokens]
         offsets = self._token_offsets(batch)
         for i, req in enumerate(batch):
             if req.seq.params.prompt_logprobs is not None:
@@ -91,6 +93,16 @@ class ModelRunner:
             rows = [self._sampling_row(r.seq) for _, r in sampling]
             for (_, req), sampled in zip(sampling, self.sampler(logits, rows), strict=True):
                 result.sampled[req.seq.request_id] = sampled
+        drafted = [(i, r) for i, r in enumerate(batch) if r.num_spec_tokens]
+        if drafted:  # speculative verification: logits at every position of each chunk
+            rows_index = [offsets[i] + j for i, r in drafted for j in range(r.num_new_tokens)]
+            index = torch.tensor(rows_index, dtype=torch.long, device=hidden.device)
+            logits = self.model.compute_logits(hidden[index]).cpu()
+            requests = [(r.seq, r.seq.spec_token_ids) for _, r in drafted]
+            for (_, req), verified in zip(
+                drafted, verify_batch(self.sampler, logits, requests, self._sampling_row), strict=True
+            ):
+                result.verified[req.seq.request_id] = verified
         return result
 
     @staticmethod
