@@ -8,11 +8,18 @@ distribution it uses must be the one the sampler draws from.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import numpy as np
 import pytest
 import torch
 
-from argosy.config import EngineConfig
+from argosy.api.core import Core, CoreRequest
+from argosy.api.openai_common import usage_json
+from argosy.chat.events import Finish
+from argosy.config import EngineConfig, OperatorSampling, ServerConfig
+from argosy.engine.async_engine import AsyncEngine
 from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.sequence import Sequence
 from argosy.errors import InvalidRequestError
@@ -25,7 +32,7 @@ from argosy.runner.spec_decode import (
     rejection_sample,
     target_probs,
 )
-from argosy.sampling_params import SamplingParams
+from argosy.sampling_params import RequestSampling, SamplingParams
 from tests.unit.conftest import FakeGuide, TinyModel
 from tests.unit.test_engine import Result, assert_all_blocks_free, collect, greedy, prompt, run, run_one
 
@@ -369,3 +376,49 @@ def test_target_probs_are_what_the_sampler_draws_from(options: dict) -> None:  #
     counts = torch.bincount(torch.tensor([t for t, _ in draws]), minlength=vocab).double() / 20000
     assert torch.allclose(counts, p.double(), atol=0.015)
     assert set(torch.nonzero(counts).flatten().tolist()) == set(torch.nonzero(p).flatten().tolist())
+
+
+# -- the core: usage extension, access log, --spec-max-temperature --------------------------
+@pytest.mark.parametrize("speculative", ["ngram", "none"])
+def test_core_reports_speculation_in_usage_and_the_access_log(
+    tiny_llama: TinyModel, speculative: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    tiny = tiny_llama
+    engine_config = EngineConfig(model="tiny", speculative=speculative)
+    operator = OperatorSampling(spec_max_temperature=0.0)
+    engine = AsyncEngine(tiny.engine(max_model_len=256, speculative=speculative, ngram_min=1, ngram_max=3))
+    core = Core(engine_config, ServerConfig(operator_sampling=operator))
+    core.attach(engine)
+    try:
+        ids = draft_prone_prompt(tiny, 3)
+        sampling = RequestSampling(max_tokens=40, ignore_eos=True)  # temperature: nobody's choice
+        stream = core.start(CoreRequest(prompts=[ids, draft_prone_prompt(tiny, 1)], sampling=sampling))
+        # the operator cap applies only while speculation is on (the fallback is sampled)
+        assert [c.params.temperature == 0.0 for c in stream.choices] == [speculative == "ngram"] * 2
+
+        async def go() -> list[object]:
+            async with stream:
+                return [event async for event in stream]
+
+        with caplog.at_level(logging.INFO, logger="argosy.access"):
+            events = asyncio.run(go())
+        finishes = [e for e in events if isinstance(e, Finish)]
+        assert all(f.usage.completion_tokens == 40 for f in finishes)
+        usage = stream.usage
+        body = usage_json(usage)
+        line = next(r.getMessage() for r in caplog.records if r.name == "argosy.access")
+        if speculative == "none":
+            assert usage.spec_proposed_tokens is None and "speculative" not in body
+            assert "spec=" not in line
+            return
+        stats = engine.stats()
+        assert body["speculative"] == {
+            "proposed_tokens": stats.spec_proposed_tokens,
+            "accepted_tokens": stats.spec_accepted_tokens,
+        }
+        assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
+        assert sum(f.usage.spec_proposed_tokens or 0 for f in finishes) == stats.spec_proposed_tokens
+        assert f" spec={stats.spec_accepted_tokens}/{stats.spec_proposed_tokens} " in line
+        assert core.model_info().speculative == "ngram"
+    finally:
+        engine.shutdown()
