@@ -143,6 +143,23 @@ class Sampler:
             probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)
         return probs
 
+    def sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
+        """One row's token from processed logits [V], drawing exactly what the batched path
+        draws for a seeded row (same candidates, same noise width, same generator), so a seeded
+        request samples the same token either way."""
+        p = row.params
+        if p.is_greedy:
+            return int(logits.argmax())
+        if 0 < p.top_k <= TOPK_FAST_LIMIT:
+            values, indices = logits.topk(min(p.top_k, logits.shape[0]))
+        else:
+            values, indices = logits.sort(descending=True)
+            if p.top_k > 0:
+                values[p.top_k :] = float("-inf")
+        probs = self.truncate(values.unsqueeze(0), [row])[0]
+        noise = torch.empty(values.shape[0]).exponential_(generator=row.generator or self.generator)
+        return int(indices[(probs / noise).argmax()])
+
     def _noise(self, rows: list[SamplingRow], widths: list[int], total: int) -> torch.Tensor:
         noise = torch.ones(len(rows), total)
         shared = [i for i, r in enumerate(rows) if r.generator is None]

@@ -9,10 +9,13 @@ proposer, and schedules 1 + k tokens: the last known token, then the draft):
   output tokens, logit_bias) and accepts a prefix of the draft:
   temperature 0: d_j is accepted while it equals the argmax; the first mismatch emits the
   argmax instead. temperature > 0: rejection sampling with a deterministic draft (draft
-  distribution one-hot on d_j): accept d_j with probability p_j(d_j), where p_j is the target
-  distribution after temperature / top-k / top-p / min-p; on rejection emit a sample of p_j
-  with d_j removed and renormalised. Every emitted token is then distributed exactly as in
-  non-speculative decoding. If all k are accepted, the last position gives one more token.
+  distribution one-hot on d_j), in its coupled form: draw the target's token t_j from p_j
+  (the distribution after temperature / top-k / top-p / min-p) with the sampler's own noise,
+  accept d_j iff t_j == d_j (probability p_j(d_j)), else emit t_j (distributed as p_j
+  without d_j, renormalised). Every emitted token is distributed exactly as in plain
+  decoding, and since one draw is made per emitted token, from the request's own generator,
+  a seeded request gives the same tokens with or without speculation.
+  If all k are accepted, the last position gives one more token.
 - The engine appends the emitted tokens one by one through its usual stop checks, so EOS,
   stop token ids and max_tokens cut the run where plain decoding would stop. Only the KV of
   the accepted tokens counts as computed; slots written for rejected drafts lie beyond
@@ -33,7 +36,7 @@ import torch
 
 from argosy.engine.outputs import TokenLogprob
 from argosy.engine.sequence import Sequence
-from argosy.runner.sampler import TOPK_FAST_LIMIT, Sampler, SamplingRow, make_logprob
+from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
 
 
 def can_speculate(seq: Sequence) -> bool:
@@ -154,66 +157,38 @@ def verify_batch(
     results: list[Verified] = []
     start = 0
     for seq, draft in requests:
-        stop = start + len(draft) + 1
-        block, row = logits[start:stop], rows[start]
         if seq.params.is_greedy:
-            token_ids, num_accepted = greedy_verify(block.argmax(dim=-1).tolist(), draft)
+            targets: list[int] = logits[start : start + len(draft) + 1].argmax(dim=-1).tolist()
+            token_ids, num_accepted = walk_draft(targets.__getitem__, draft)
         else:
-            probs = target_probs(sampler, block, rows[start:stop])
-            generator = row.generator if row.generator is not None else sampler.generator
-            token_ids, num_accepted = rejection_sample(probs, draft, generator)
+            block, block_rows = logits[start:], rows[start:]
+            token_ids, num_accepted = walk_draft(
+                lambda j, b=block, r=block_rows: sampler.sample_row(b[j], r[j]),  # type: ignore[misc]
+                draft,
+            )
         logprobs = None
         if seq.params.logprobs is not None:
             assert raw_logprobs is not None
             num_top = seq.params.logprobs or 0
             logprobs = [make_logprob(raw_logprobs[start + j], t, num_top) for j, t in enumerate(token_ids)]
         results.append(Verified(token_ids, logprobs, num_accepted))
-        start = stop
+        start += len(draft) + 1
     return results
 
 
-def greedy_verify(targets: list[int], draft: list[int]) -> tuple[list[int], int]:
-    """targets[j]: the argmax after draft[:j]. Accept while the draft agrees, then the target's."""
-    num_accepted = 0
-    while num_accepted < len(draft) and draft[num_accepted] == targets[num_accepted]:
-        num_accepted += 1
-    return draft[:num_accepted] + [targets[num_accepted]], num_accepted
+def walk_draft(sample: Callable[[int], int], draft: list[int]) -> tuple[list[int], int]:
+    """Emit the target's token at positions 0, 1, ... while it equals the draft token there.
 
-
-def rejection_sample(
-    probs: torch.Tensor, draft: list[int], generator: torch.Generator
-) -> tuple[list[int], int]:
-    """probs: [len(draft) + 1, V], each row a normalised target distribution. The draft
-    distribution is one-hot, so draft[j] is accepted with probability probs[j, draft[j]];
-    a rejection emits a sample of probs[j] without draft[j]."""
+    `sample(j)` is the target's token at position j given draft[:j] (the argmax for greedy,
+    a draw from the processed distribution p_j otherwise), called only for positions reached,
+    so a seeded request makes one draw per emitted token, exactly as without speculation.
+    For a sampled request this is rejection sampling with a one-hot draft: draft[j] is
+    accepted with probability p_j(draft[j]), and a rejection emits a token distributed as p_j
+    without draft[j], renormalised (the draw, given that it differs from the draft)."""
     emitted: list[int] = []
-    for j, token in enumerate(draft):
-        p = float(probs[j, token])
-        if float(torch.rand((), generator=generator)) < p:
-            emitted.append(token)
-            continue
-        residual = probs[j].clone()
-        residual[token] = 0.0
-        if float(residual.sum()) <= 0.0:  # p was 1 up to rounding: nothing else to emit
-            emitted.append(token)
-            continue
-        emitted.append(int(torch.multinomial(residual, 1, generator=generator)))
-        return emitted, j
-    emitted.append(int(torch.multinomial(probs[len(draft)], 1, generator=generator)))
-    return emitted, len(draft)
-
-
-def target_probs(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """The distribution the sampler draws from, per row, over the whole vocabulary: processed
-    logits -> top-k -> temperature -> top-p -> min-p, renormalised. Rows share one request's
-    parameters."""
-    top_k = rows[0].params.top_k
-    if 0 < top_k <= TOPK_FAST_LIMIT:
-        values, indices = logits.topk(min(top_k, logits.shape[1]), dim=-1)
-    else:
-        values, indices = logits.sort(dim=-1, descending=True)
-        if top_k > 0:
-            values[:, top_k:] = float("-inf")
-    probs = sampler.truncate(values, rows)
-    probs = probs / probs.sum(dim=-1, keepdim=True)
-    return torch.zeros_like(logits).scatter_(1, indices, probs)
+    for j in range(len(draft) + 1):
+        token = sample(j)
+        emitted.append(token)
+        if j == len(draft) or token != draft[j]:
+            break
+    return emitted, len(emitted) - 1

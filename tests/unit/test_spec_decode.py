@@ -25,13 +25,7 @@ from argosy.engine.sequence import Sequence
 from argosy.errors import InvalidRequestError
 from argosy.runner.model_runner import kv_bytes_per_block
 from argosy.runner.sampler import Sampler, SamplingRow
-from argosy.runner.spec_decode import (
-    NgramProposer,
-    find_draft,
-    greedy_verify,
-    rejection_sample,
-    target_probs,
-)
+from argosy.runner.spec_decode import NgramProposer, find_draft, verify_batch, walk_draft
 from argosy.sampling_params import RequestSampling, SamplingParams
 from tests.unit.conftest import FakeGuide, TinyModel
 from tests.unit.test_engine import Result, assert_all_blocks_free, collect, greedy, prompt, run, run_one
@@ -153,9 +147,8 @@ def test_greedy_speculative_in_a_mixed_batch(tiny_llama: TinyModel) -> None:
     plain = run(tiny.engine(), requests)
     engine = tiny.engine(speculative="ngram", ngram_min=1, ngram_max=3)
     spec = run(engine, requests)
-    for rid in requests:
-        if rid != "seeded":
-            assert spec[rid].token_ids == plain[rid].token_ids, rid
+    for rid in requests:  # the seeded one too: one draw per emitted token, same generator
+        assert spec[rid].token_ids == plain[rid].token_ids, rid
     # logprobs of each emitted token come from its own position's logits
     for got, want in zip(spec["lp"].logprobs, plain["lp"].logprobs, strict=True):
         assert got.token_id == want.token_id
@@ -170,6 +163,33 @@ def test_greedy_speculative_in_a_mixed_batch(tiny_llama: TinyModel) -> None:
     stats = engine.stats()
     assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
     assert_all_blocks_free(engine)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(temperature=0.8, top_k=20),
+        dict(temperature=1.0, top_k=0, top_p=0.9),
+        dict(temperature=0.6, top_k=0, min_p=0.05, frequency_penalty=0.5),
+    ],
+)
+def test_seeded_sampling_with_drafts_equals_plain_sampling(tiny_qwen2: TinyModel, options: dict) -> None:  # type: ignore[type-arg]
+    """Draft-friendly prompts at low temperature: drafts get accepted and rejected, and the
+    seeded tokens equal those of plain decoding."""
+    tiny = tiny_qwen2
+    params = SamplingParams(max_tokens=40, seed=11, ignore_eos=True, detokenize=False, **options)
+    oracle_ref: dict[str, list[int]] = {}
+    requests = {f"s{s}": (draft_prone_prompt(tiny, s), params) for s in range(3)}
+    plain = run(tiny.engine(), requests)
+    engine = tiny.engine(speculative="ngram", ngram_min=1, ngram_max=3)
+    spec = run(engine, requests)
+    assert {r: x.token_ids for r, x in spec.items()} == {r: x.token_ids for r, x in plain.items()}
+    # and with drafts that are mostly right (the plain output, every other one corrupted)
+    oracle_ref = {rid: r.token_ids for rid, r in plain.items()}
+    oracle = use_proposer(tiny.engine(), OracleProposer(oracle_ref, {}, corrupt_every=2))
+    assert {r: x.token_ids for r, x in run(oracle, requests).items()} == oracle_ref
+    stats = oracle.stats()
+    assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
 
 
 def test_preemption_with_drafts_gives_the_same_outputs(tiny: TinyModel) -> None:
@@ -295,15 +315,18 @@ def test_counts_are_reported_per_request_and_engine_wide(tiny_qwen2: TinyModel) 
 
 
 # -- verification ---------------------------------------------------------------------------
-def test_greedy_verify() -> None:
-    assert greedy_verify([5, 6, 7, 8], [5, 6, 7]) == ([5, 6, 7, 8], 3)  # all + bonus
-    assert greedy_verify([5, 9, 7, 8], [5, 6, 7]) == ([5, 9], 1)  # the target's own at the miss
-    assert greedy_verify([4, 6, 7, 8], [5, 6, 7]) == ([4], 0)
+def test_walk_draft_greedy() -> None:
+    assert walk_draft([5, 6, 7, 8].__getitem__, [5, 6, 7]) == ([5, 6, 7, 8], 3)  # all + bonus
+    assert walk_draft([5, 9, 7, 8].__getitem__, [5, 6, 7]) == ([5, 9], 1)  # the target's own
+    assert walk_draft([4, 6, 7, 8].__getitem__, [5, 6, 7]) == ([4], 0)
+    calls: list[int] = []
+    walk_draft(lambda j: calls.append(j) or 0, [0, 1, 2])  # type: ignore[func-returns-value]
+    assert calls == [0, 1]  # positions past the first mismatch are never sampled
 
 
-P1 = torch.tensor([0.1, 0.4, 0.05, 0.25, 0.2])
-P2 = torch.tensor([0.3, 0.1, 0.2, 0.15, 0.25])
-P3 = torch.tensor([0.05, 0.05, 0.6, 0.2, 0.1])
+P1 = [0.1, 0.4, 0.05, 0.25, 0.2]
+P2 = [0.3, 0.1, 0.2, 0.15, 0.25]
+P3 = [0.05, 0.05, 0.6, 0.2, 0.1]
 
 
 def frequencies(tokens: list[int], vocab: int = 5) -> torch.Tensor:
@@ -311,46 +334,37 @@ def frequencies(tokens: list[int], vocab: int = 5) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("draft_token", [1, 2])  # a likely and an unlikely draft
-def test_rejection_sampling_keeps_the_target_distribution(draft_token: int) -> None:
+@pytest.mark.parametrize("top_k", [0, 5])  # the sampler's full-sort and top-k paths
+def test_verification_keeps_the_target_distribution(draft_token: int, top_k: int) -> None:
+    """verify_batch on fixed distributions (logits = log p, temperature 1), 24,000 trials:
+    the first emitted token is distributed as p1 whatever the draft (an always-accepting
+    verifier emits the draft every time; resampling from p1 on rejection instead of p1
+    without the draft gives p + (1 - p) p), the draft is accepted with probability p1(draft),
+    and after an accepted draft the next token is distributed as p2."""
+    params = SamplingParams(temperature=1.0, top_k=top_k, top_p=1.0, min_p=0.0, detokenize=False)
+    sampler = Sampler(5, torch.Generator().manual_seed(99))
+    seq = Sequence("v", [1, 2, 3], params)
     generator = torch.Generator().manual_seed(1234)
-    probs = torch.stack([P1, P2, P3])
+    logits = torch.tensor([P1, P2, P3]).log()
+
+    def row_for(s: Sequence) -> SamplingRow:
+        return SamplingRow(params, s.prompt_token_ids, s.output_token_ids, generator)
+
     trials = 24000
     first, second_after_accept, num_accepted = [], [], []
     for _ in range(trials):
-        tokens, accepted = rejection_sample(probs, [draft_token, 0], generator)
+        (verified,) = verify_batch(sampler, logits.clone(), [(seq, [draft_token, 0])], row_for)
+        tokens, accepted = verified.token_ids, verified.num_accepted
         assert len(tokens) == accepted + 1 and tokens[:accepted] == [draft_token, 0][:accepted]
         first.append(tokens[0])
         num_accepted.append(accepted)
-        if tokens[0] == draft_token:
+        if accepted:
             second_after_accept.append(tokens[1])
-    # the first token is distributed as P1 whatever the draft (always-accepting fails: 1.0;
-    # resampling from P1 instead of the residual fails too: p + (1 - p) p)
-    assert torch.allclose(frequencies(first), P1.double(), atol=0.012)
-    # given the first draft was accepted, the next token is distributed as P2
-    tolerance = max(0.012, 4.5 * (0.25 / len(second_after_accept)) ** 0.5)
-    assert torch.allclose(frequencies(second_after_accept), P2.double(), atol=tolerance)
-    # acceptance rate of the first draft token is its target probability
+    assert torch.allclose(frequencies(first), torch.tensor(P1).double(), atol=0.012)
     accepted_first = sum(a >= 1 for a in num_accepted) / trials
-    assert accepted_first == pytest.approx(float(P1[draft_token]), abs=0.012)
-
-
-def test_rejection_sampling_bonus_token_and_certain_draft() -> None:
-    generator = torch.Generator().manual_seed(7)
-    certain = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0])
-    probs = torch.stack([certain, certain, P3])
-    bonus = []
-    for _ in range(20000):
-        tokens, accepted = rejection_sample(probs, [1, 1], generator)
-        assert accepted == 2 and tokens[:2] == [1, 1]
-        bonus.append(tokens[2])
-    assert torch.allclose(frequencies(bonus), P3.double(), atol=0.012)
-
-
-def test_rejection_sampling_is_reproducible_with_a_seeded_generator() -> None:
-    probs = torch.stack([P1, P2, P3])
-    a = [rejection_sample(probs, [3, 4], torch.Generator().manual_seed(s)) for s in range(50)]
-    b = [rejection_sample(probs, [3, 4], torch.Generator().manual_seed(s)) for s in range(50)]
-    assert a == b
+    assert accepted_first == pytest.approx(P1[draft_token], abs=0.012)
+    tolerance = max(0.012, 4.5 * (0.25 / len(second_after_accept)) ** 0.5)
+    assert torch.allclose(frequencies(second_after_accept), torch.tensor(P2).double(), atol=tolerance)
 
 
 @pytest.mark.parametrize(
@@ -359,23 +373,32 @@ def test_rejection_sampling_is_reproducible_with_a_seeded_generator() -> None:
         dict(temperature=0.7, top_k=3),
         dict(temperature=1.3, top_p=0.8, top_k=0),
         dict(temperature=1.0, min_p=0.15, top_k=0),
+        dict(temperature=0.9, top_k=300, top_p=0.95),  # above the fast-path limit
         dict(temperature=0.9, top_k=4, repetition_penalty=1.4, frequency_penalty=0.5, logit_bias={2: 1.5}),
     ],
 )
-def test_target_probs_are_what_the_sampler_draws_from(options: dict) -> None:  # type: ignore[type-arg]
-    vocab = 8
-    logits = torch.tensor([2.0, 1.5, 1.2, 0.3, 0.1, -0.5, -1.0, 0.9])
+def test_sample_row_draws_what_the_batched_sampler_draws(options: dict) -> None:  # type: ignore[type-arg]
+    """Same seeds -> the same tokens from sample_row as from the batched sampler, whatever
+    else is in the batch: what makes seeded speculative decoding equal plain decoding."""
+    vocab = 320
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(3)) * 2
     params = SamplingParams(detokenize=False, **options)
-    sampler = Sampler(vocab, torch.Generator().manual_seed(0))
-    row = SamplingRow(params, [3, 4], [0, 0, 7], torch.Generator().manual_seed(5))
-    processed = logits.unsqueeze(0).clone()
-    sampler.process_logits(processed, [row])
-    p = target_probs(sampler, processed, [row])[0]
-    assert float(p.sum()) == pytest.approx(1.0, abs=1e-6)
-    draws = sampler(logits.unsqueeze(0).repeat(20000, 1), [row] * 20000)
-    counts = torch.bincount(torch.tensor([t for t, _ in draws]), minlength=vocab).double() / 20000
-    assert torch.allclose(counts, p.double(), atol=0.015)
-    assert set(torch.nonzero(counts).flatten().tolist()) == set(torch.nonzero(p).flatten().tolist())
+    other = SamplingParams(temperature=1.0, top_k=7, seed=1, detokenize=False)
+    batched_sampler = Sampler(vocab, torch.Generator().manual_seed(0))
+    single_sampler = Sampler(vocab, torch.Generator().manual_seed(0))
+    g_batch, g_single = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    row_batch = SamplingRow(params, [3, 4], [0, 0, 7], g_batch)
+    row_single = SamplingRow(params, [3, 4], [0, 0, 7], g_single)
+    other_row = SamplingRow(other, [1], [], torch.Generator().manual_seed(8))
+    batched, single = [], []
+    for _ in range(300):
+        out = batched_sampler(torch.stack([logits.flip(0), logits]), [other_row, row_batch])
+        batched.append(out[1][0])
+        processed = logits.unsqueeze(0).clone()
+        single_sampler.process_logits(processed, [row_single])
+        single.append(single_sampler.sample_row(processed[0], row_single))
+    assert batched == single
+    assert len(set(single)) > 1
 
 
 # -- the core: usage extension, access log, --spec-max-temperature --------------------------
