@@ -98,6 +98,25 @@ def run_one(engine: LLMEngine, prompt: list[int], max_tokens: int, request_id: s
     return Run(tokens, rate, steps, proposed, accepted)
 
 
+def run_batch(
+    engine: LLMEngine, prompt: list[int], max_tokens: int, n: int, tag: str
+) -> tuple[float, int, int]:
+    """n copies at once (distinct request ids; prefix cache shared): (output tok/s over the
+    whole run, proposed, accepted)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False)
+    start = time.perf_counter()
+    for i in range(n):
+        engine.add_request(f"{tag}-{i}", prompt, params)
+    total = 0
+    spec: dict[str, tuple[int, int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            total += len(out.new_token_ids)
+            spec[out.request_id] = (out.num_spec_proposed or 0, out.num_spec_accepted or 0)
+    elapsed = time.perf_counter() - start
+    return total / elapsed, sum(p for p, _ in spec.values()), sum(a for _, a in spec.values())
+
+
 def build(args: argparse.Namespace, speculative: str, k: int, ngram: tuple[int, int]) -> LLMEngine:
     config = EngineConfig(
         model=args.model,
@@ -121,6 +140,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=defaults.num_speculative_tokens)
     parser.add_argument("--ngram", type=int, nargs=2, default=(defaults.ngram_min, defaults.ngram_max))
     parser.add_argument("--sweep", action="store_true", help="also try other k / n-gram settings")
+    parser.add_argument(
+        "--batch", type=int, nargs="*", default=[], help="also N concurrent copies (throughput)"
+    )
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     args = parser.parse_args()
 
@@ -128,6 +150,8 @@ def main() -> None:
     prompts = {name: render(plain, WORKLOADS[name]) for name in args.workloads}
     run_one(plain, prompts[args.workloads[0]], 16, "warm-up")
     baseline = {name: run_one(plain, ids, args.max_tokens, f"plain-{name}") for name, ids in prompts.items()}
+    first = args.workloads[0]
+    batch_plain = {n: run_batch(plain, prompts[first], args.max_tokens, n, f"bp{n}") for n in args.batch}
     del plain
     gc.collect()
     print(f"model={args.model} threads={args.threads} max_tokens={args.max_tokens} (greedy, single stream)")
@@ -154,6 +178,13 @@ def main() -> None:
                 f"  k={k} ngram={ngram[0]}..{ngram[1]} {name:8s} decode={r.decode_tok_s:.1f} tok/s "
                 f"x{r.decode_tok_s / base.decode_tok_s:.2f} acceptance={rate:.0%} ({r.accepted}/{r.proposed}) "
                 f"tokens/step={len(r.tokens) / max(r.steps, 1):.2f} identical={same}{diverge}"
+            )
+        for n in args.batch:
+            rate, proposed, accepted = run_batch(engine, prompts[first], args.max_tokens, n, f"bs{n}")
+            base_rate = batch_plain[n][0]
+            print(
+                f"  k={k} ngram={ngram[0]}..{ngram[1]} {first} x{n} concurrent: {rate:.1f} tok/s vs plain "
+                f"{base_rate:.1f} (x{rate / base_rate:.2f}) acceptance={accepted / max(proposed, 1):.0%}"
             )
         del engine
         gc.collect()

@@ -72,8 +72,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
-        # decodes first (one token each), then prefill chunks
-        batch = sorted(out.scheduled, key=lambda r: r.num_new_tokens != 1)
+        # decodes first (one token each; a draft's tokens are decode rows too), then prefill chunks
+        batch = sorted(out.scheduled, key=lambda r: r.num_new_tokens != 1 and not r.num_spec_tokens)
         meta, input_ids, positions = self._prepare(batch)
         if self.device.type != "cpu":
             meta, input_ids = meta.to(self.device), input_ids.to(self.device)
@@ -139,6 +139,13 @@ class ModelRunner:
                 slot_parts.append(self._slots(seq, start, stop))
                 decode_tables.append(seq.block_table)
                 decode_lens.append(stop)
+            elif req.num_spec_tokens:
+                # speculative verification: one decode row per token, each seeing the context up
+                # to itself (its K/V is written before attention), so every position is computed
+                # as plain decoding computes it
+                slot_parts.append(self._slots(seq, start, stop))
+                decode_tables.extend([seq.block_table] * req.num_new_tokens)
+                decode_lens.extend(range(start + 1, stop + 1))
             else:
                 context_slots = self._slots(seq, 0, stop)
                 slot_parts.append(context_slots[start:stop])

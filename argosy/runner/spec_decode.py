@@ -3,8 +3,12 @@
 Flow of one step for a decoding sequence with a draft d_1..d_k (the scheduler asks the
 proposer, and schedules 1 + k tokens: the last known token, then the draft):
 
-- The model runs the 1 + k tokens as one chunk against the paged cache and yields logits at
-  every position; position j gives the target's distribution for the token after d_j.
+- The model runs the 1 + k tokens as 1 + k decode rows of the same sequence (row j attends
+  to the context up to itself; every row's K/V is written before attention), so each
+  position is computed exactly as plain decoding computes it: measured on SmolLM2 in bf16,
+  a prefill-style chunk (SDPA) drifted from plain greedy text after ~30-200 tokens, decode
+  rows gave identical text. Logits at every position; position j gives the target's
+  distribution for the token after d_j.
 - `verify_batch` applies the request's own logit processing (penalties counting d_1..d_j as
   output tokens, logit_bias) and accepts a prefix of the draft:
   temperature 0: d_j is accepted while it equals the argmax; the first mismatch emits the
