@@ -63,6 +63,7 @@ _HELP = {
     "spec_max_temperature": "with --speculative on: cap on a default temperature nobody chose explicitly",
     "speculative": "speculative decoding: none | ngram (prompt lookup: drafts copied from the context)",
     "num_speculative_tokens": "most draft tokens verified per step and request (--speculative)",
+    "spec_max_decodes": "speculate only in steps with at most this many decoding requests",
     "ngram_min": "shortest suffix n-gram the ngram proposer looks up",
     "ngram_max": "longest suffix n-gram the ngram proposer looks up (tried first)",
 }

@@ -114,7 +114,11 @@ class LLMEngine:
             else None
         )
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, self.proposer
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.proposer,
+            config.spec_max_decodes,
         )
         self.num_spec_proposed = 0
         self.num_spec_accepted = 0

@@ -13,7 +13,8 @@ tokens equal those of a solo run on an idle engine.
 Speculative decoding: with a proposer, a decode may carry a draft of k tokens (stored in
 `seq.spec_token_ids`) and then computes 1 + k tokens, counted in the token budget; each
 decode keeps at least its one token of budget, and a draft is dropped rather than preempt
-anyone for its slots. After the step only the last known token counts as computed
+anyone for its slots, and steps with more than `spec_max_decodes` decodes carry no drafts.
+After the step only the last known token counts as computed
 (`advance`); the engine adds the accepted draft tokens (`accept_draft`).
 """
 
@@ -75,9 +76,11 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         proposer: Proposer | None = None,
+        spec_max_decodes: int = 4,
     ) -> None:
         self.block_manager = block_manager
         self.proposer = proposer
+        self.spec_max_decodes = spec_max_decodes
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: list[Sequence] = []
@@ -145,7 +148,8 @@ class Scheduler:
         batchable = [s for s in self.running if not s.params.batch_invariant]
         decodes = [s for s in batchable if s.num_tokens - s.num_computed_tokens == 1]
         prefills = [s for s in batchable if s.num_tokens - s.num_computed_tokens > 1]
-        spare = budget - len(decodes)  # beyond one token per decode: what drafts may take
+        # beyond one token per decode: what drafts may take (none in a crowded step)
+        spare = budget - len(decodes) if len(decodes) <= self.spec_max_decodes else 0
         for seq in decodes + prefills:
             if budget <= 0:
                 break

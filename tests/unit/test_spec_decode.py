@@ -39,6 +39,9 @@ def draft_prone_prompt(tiny: TinyModel, seed: int, length: int = 12) -> list[int
     return x + tiny.greedy(x, 24) + x
 
 
+SPEC: dict[str, object] = dict(speculative="ngram", ngram_min=1, ngram_max=3, spec_max_decodes=64)
+
+
 class OracleProposer:
     """Drafts the known reference continuation, with every `corrupt_every`-th draft token
     replaced by a wrong one: exercises long accepted runs and rejections at known places."""
@@ -119,7 +122,7 @@ def test_config_validates_speculation_fields() -> None:
 def test_greedy_speculative_equals_plain_decoding(tiny: TinyModel) -> None:
     requests = {f"r{s}": (draft_prone_prompt(tiny, s), greedy(48)) for s in range(4)}
     plain = run(tiny.engine(), requests)
-    engine = tiny.engine(speculative="ngram", ngram_min=1, ngram_max=3)
+    engine = tiny.engine(**SPEC)
     for rid, (ids, params) in requests.items():  # one at a time
         assert run_one(engine, ids, params, rid).token_ids == plain[rid].token_ids, rid
     stats = engine.stats()
@@ -145,7 +148,7 @@ def test_greedy_speculative_in_a_mixed_batch(tiny_llama: TinyModel) -> None:
         SamplingParams(max_tokens=40, temperature=0.8, seed=3, ignore_eos=True, detokenize=False),
     )
     plain = run(tiny.engine(), requests)
-    engine = tiny.engine(speculative="ngram", ngram_min=1, ngram_max=3)
+    engine = tiny.engine(**SPEC)
     spec = run(engine, requests)
     for rid in requests:  # the seeded one too: one draw per emitted token, same generator
         assert spec[rid].token_ids == plain[rid].token_ids, rid
@@ -157,7 +160,7 @@ def test_greedy_speculative_in_a_mixed_batch(tiny_llama: TinyModel) -> None:
     assert spec["lp"].prompt_logprobs is not None and plain["lp"].prompt_logprobs is not None
     assert len(spec["lp"].prompt_logprobs) == len(plain["lp"].prompt_logprobs)
     # a seeded request is still independent of its batch
-    alone = run_one(tiny.engine(speculative="ngram", ngram_min=1, ngram_max=3), *requests["seeded"], "seeded")
+    alone = run_one(tiny.engine(**SPEC), *requests["seeded"], "seeded")
     assert spec["seeded"].token_ids == alone.token_ids
     assert len(spec["seeded"].token_ids) == 40
     stats = engine.stats()
@@ -181,7 +184,7 @@ def test_seeded_sampling_with_drafts_equals_plain_sampling(tiny_qwen2: TinyModel
     oracle_ref: dict[str, list[int]] = {}
     requests = {f"s{s}": (draft_prone_prompt(tiny, s), params) for s in range(3)}
     plain = run(tiny.engine(), requests)
-    engine = tiny.engine(speculative="ngram", ngram_min=1, ngram_max=3)
+    engine = tiny.engine(**SPEC)
     spec = run(engine, requests)
     assert {r: x.token_ids for r, x in spec.items()} == {r: x.token_ids for r, x in plain.items()}
     # and with drafts that are mostly right (the plain output, every other one corrupted)
@@ -192,6 +195,28 @@ def test_seeded_sampling_with_drafts_equals_plain_sampling(tiny_qwen2: TinyModel
     assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
 
 
+def test_no_drafts_in_a_crowded_step(tiny_llama: TinyModel) -> None:
+    tiny = tiny_llama
+    engine = tiny.engine(**{**SPEC, "spec_max_decodes": 2})
+    requests = {f"c{s}": (draft_prone_prompt(tiny, s), greedy(12 + 20 * s)) for s in range(3)}
+    seen: list[tuple[int, int]] = []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():  # type: ignore[no-untyped-def]
+        out = schedule()
+        decodes = [r for r in out.scheduled if r.is_sampling and r.seq.num_output_tokens > 0]
+        seen.append((len(decodes), sum(1 for r in decodes if r.num_spec_tokens)))
+        return out
+
+    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+    plain = run(tiny.engine(), requests)
+    assert {r: x.token_ids for r, x in run(engine, requests).items()} == {
+        r: x.token_ids for r, x in plain.items()
+    }
+    assert all(drafted == 0 for decodes, drafted in seen if decodes > 2)
+    assert any(drafted for decodes, drafted in seen if decodes <= 2)
+
+
 def test_preemption_with_drafts_gives_the_same_outputs(tiny: TinyModel) -> None:
     cfg = tiny.reference.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -200,7 +225,7 @@ def test_preemption_with_drafts_gives_the_same_outputs(tiny: TinyModel) -> None:
     )
     requests = {f"q{i}": (draft_prone_prompt(tiny, 40 + i, length=6), greedy(30)) for i in range(5)}
     plain = run(tiny.engine(), requests)
-    tight = tiny.engine(kv_cache_memory=10 * per_block, speculative="ngram", ngram_min=1, ngram_max=3)
+    tight = tiny.engine(kv_cache_memory=10 * per_block, **SPEC)
     assert tight.num_blocks == 10
     spec = run(tight, requests)
     assert tight.stats().num_preemptions > 0
@@ -288,7 +313,7 @@ def test_eos_stop_ids_and_max_tokens_cut_an_accepted_run(tiny_llama: TinyModel) 
 # -- counts ---------------------------------------------------------------------------------
 def test_counts_are_reported_per_request_and_engine_wide(tiny_qwen2: TinyModel) -> None:
     tiny = tiny_qwen2
-    engine = tiny.engine(speculative="ngram", ngram_min=1, ngram_max=3)
+    engine = tiny.engine(**SPEC)
     results: dict[str, Result] = {}
     last: dict[str, tuple[int | None, int | None]] = {}
     for s in range(3):
