@@ -36,8 +36,7 @@ _FLAG_NAMES = {
 }
 _BYTE_SIZE_FIELDS = {"kv_cache_memory", "max_body_bytes", "session_max_bytes"}
 _DURATION_FIELDS = {"session_ttl", "request_timeout"}
-# Not flags yet: speculation does not exist, so a cap on its temperature would do nothing.
-_HIDDEN_FIELDS = {"operator_sampling", "spec_max_temperature"}
+_HIDDEN_FIELDS = {"operator_sampling"}
 _HELP = {
     "model": "a registered name (smollm2), a .gguf file or a Hugging Face folder",
     "dtype": "auto | bfloat16 | float32 | float16 (auto: bf16 where the CPU has it)",
@@ -61,6 +60,12 @@ _HELP = {
     "min_p": "operator default min_p",
     "repetition_penalty": "operator default repetition penalty",
     "max_tokens": "operator default max_tokens (clamped to the room left in the context)",
+    "spec_max_temperature": "with --speculative on: cap on a default temperature nobody chose explicitly",
+    "speculative": "speculative decoding: none | ngram (prompt lookup: drafts copied from the context)",
+    "num_speculative_tokens": "most draft tokens verified per step and request (--speculative)",
+    "spec_max_decodes": "speculate only in steps with at most this many decoding requests",
+    "ngram_min": "shortest suffix n-gram the ngram proposer looks up",
+    "ngram_max": "longest suffix n-gram the ngram proposer looks up (tried first)",
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*$")
 _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}

@@ -29,6 +29,18 @@ class EngineConfig:
     num_threads: int | None = None  # None: leave torch's default
     cache_dir: str | None = None  # where converted GGUF models are kept
     seed: int = 0
+    # Speculative decoding (argosy/runner/spec_decode.py): "none" | "ngram" (prompt lookup:
+    # draft the tokens that followed the latest earlier occurrence of the last n tokens).
+    speculative: str = "none"
+    num_speculative_tokens: int = (
+        6  # most draft tokens verified per step and sequence (measured: bench/spec.py)
+    )
+    ngram_min: int = 2  # shortest suffix n-gram looked up (tried longest first)
+    ngram_max: int = 4
+    # drafts only in steps with at most this many decoding requests: draft rows are nearly free
+    # while a step is bound by reading the weights, not once it is bound by compute (measured
+    # on 2 CPU cores: 8 concurrent rewrites at 40% acceptance ran at 0.65x without this cap)
+    spec_max_decodes: int = 4
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float32", "float16"):
@@ -57,6 +69,26 @@ class EngineConfig:
             )
         if self.num_threads is not None and self.num_threads < 1:
             raise InvalidRequestError("num_threads must be at least 1", "num_threads")
+        if self.speculative not in ("none", "ngram"):
+            raise InvalidRequestError(
+                f"speculative must be none or ngram, got {self.speculative!r}", "speculative"
+            )
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise InvalidRequestError(
+                f"num_speculative_tokens must be in 1..16, got {self.num_speculative_tokens}",
+                "num_speculative_tokens",
+            )
+        if self.spec_max_decodes < 1:
+            raise InvalidRequestError("spec_max_decodes must be at least 1", "spec_max_decodes")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise InvalidRequestError(
+                f"ngram_min must be at least 1 and at most ngram_max, got {self.ngram_min}..{self.ngram_max}",
+                "ngram_min",
+            )
+
+    @property
+    def speculation_enabled(self) -> bool:
+        return self.speculative != "none"
 
 
 @dataclass(slots=True)

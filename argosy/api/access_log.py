@@ -3,6 +3,8 @@
     POST /v1/chat/completions model=smollm2 prompt=37 cached=0 completion=8 ttft=61ms
     prefill=607 tok/s decode=31.2 tok/s total=290ms finish=stop
 
+With speculative decoding on, ` spec=accepted/proposed` (draft tokens) ends the line.
+
 Rates measure what was actually done: prefill counts only the prompt tokens that were
 computed (prompt - cached) over the time to first token; decode is the inter-token rate,
 so the tokens that arrived with a choice's first output (and the time before it) are left
@@ -93,4 +95,9 @@ def format_line(
         f"prefill={prefill_rate(usage.prompt_tokens, usage.cached_tokens, ttft_s)} tok/s "
         f"decode={decode_rate(decode_tokens, decode_span)} tok/s "
         f"total={(now - timing.arrival_time) * 1000:.0f}ms finish={finish}"
+        + (
+            f" spec={usage.spec_accepted_tokens or 0}/{usage.spec_proposed_tokens}"
+            if usage.spec_proposed_tokens is not None
+            else ""
+        )
     )

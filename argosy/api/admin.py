@@ -41,5 +41,8 @@ async def engine_stats(request: Request) -> JSONResponse:
             "num_preemptions": stats.num_preemptions,
             "prefix_cache_queries": stats.prefix_cache_queries,
             "prefix_cache_hits": stats.prefix_cache_hits,
+            "spec_proposed_tokens": stats.spec_proposed_tokens,
+            "spec_accepted_tokens": stats.spec_accepted_tokens,
+            "spec_steps": stats.spec_steps,
         }
     )

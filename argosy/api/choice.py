@@ -63,6 +63,8 @@ class ChoiceState:
         self.has_output = True
         self.usage.completion_tokens = out.num_output_tokens
         self.usage.cached_tokens = out.num_cached_tokens
+        self.usage.spec_proposed_tokens = out.num_spec_proposed
+        self.usage.spec_accepted_tokens = out.num_spec_accepted
         events: list[Event] = []
         if self._needs_echo:
             self._needs_echo = False

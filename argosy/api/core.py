@@ -100,6 +100,7 @@ class ModelInfo:
     sampling_defaults: dict[str, float | int]
     has_thinking: bool = False  # its family writes a reasoning channel
     has_tools: bool = False  # tools and tool_choice work (its template's or our own tool prompt)
+    speculative: str = "none"  # speculative decoding method (--speculative)
 
 
 @dataclass(slots=True)
@@ -211,7 +212,12 @@ class Core:
             dtype=str(engine.dtype).removeprefix("torch.") if engine is not None else None,
             quantization=engine.source.gguf_file_type if engine is not None else None,
             has_chat_template=self._template is not None,
-            sampling_defaults=effective_defaults(self.server_config.operator_sampling, self._model_defaults),
+            sampling_defaults=effective_defaults(
+                self.server_config.operator_sampling,
+                self._model_defaults,
+                speculation_enabled=self.engine_config.speculation_enabled,
+            ),
+            speculative=self.engine_config.speculative,
             has_thinking=self._chat_profile is not None and self._chat_profile.has_reasoning,
             has_tools=self._chat_profile is not None,
         )
@@ -291,6 +297,7 @@ class Core:
                         self._model_defaults,
                         context_length=llm.max_model_len,
                         prompt_len=len(prompt_ids),
+                        speculation_enabled=self.engine_config.speculation_enabled,
                     )
                     if request.sampling.seed is not None and j > 0:
                         # Reproducible, but the n samples of one prompt differ from each other.
@@ -387,6 +394,13 @@ class CoreStream:
         for choice in self.choices:
             by_prompt.setdefault(choice.prompt_index, []).append(choice)
             total.completion_tokens += choice.usage.completion_tokens
+            if choice.usage.spec_proposed_tokens is not None:
+                total.spec_proposed_tokens = (
+                    total.spec_proposed_tokens or 0
+                ) + choice.usage.spec_proposed_tokens
+                total.spec_accepted_tokens = (total.spec_accepted_tokens or 0) + (
+                    choice.usage.spec_accepted_tokens or 0
+                )
         for group in by_prompt.values():
             total.prompt_tokens += group[0].usage.prompt_tokens
             # The prompt is counted once, so is its cache hit: the least any sample reused.

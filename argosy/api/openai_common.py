@@ -125,11 +125,21 @@ def finite_logprob(logprob: float | None) -> float | None:
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+    if usage.spec_proposed_tokens is not None:  # an extension; only when speculation is on
+        body["speculative"] = speculative_json(usage)
+    return body
+
+
+def speculative_json(usage: Usage) -> dict[str, int]:
+    return {
+        "proposed_tokens": usage.spec_proposed_tokens or 0,
+        "accepted_tokens": usage.spec_accepted_tokens or 0,
     }
 
 

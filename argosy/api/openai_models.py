@@ -39,6 +39,7 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "quantization": info.quantization,
             "dtype": info.dtype,
             "sampling_defaults": info.sampling_defaults,
+            "speculative_decoding": info.speculative,
         },
     }
 

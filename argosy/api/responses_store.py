@@ -89,13 +89,19 @@ def load_response(store: SessionStore, response_id: str, param: str | None = Non
 def usage_json(usage: dict[str, Any], reasoning_tokens: int) -> dict[str, Any]:
     prompt_tokens = int(usage.get("prompt_tokens", 0))
     completion_tokens = int(usage.get("completion_tokens", 0))
-    return {
+    body: dict[str, Any] = {
         "input_tokens": prompt_tokens,
         "input_tokens_details": {"cached_tokens": int(usage.get("cached_tokens", 0))},
         "output_tokens": completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if "spec_proposed_tokens" in usage:  # speculative decoding was on (an extension)
+        body["speculative"] = {
+            "proposed_tokens": int(usage["spec_proposed_tokens"]),
+            "accepted_tokens": int(usage.get("spec_accepted_tokens", 0)),
+        }
+    return body
 
 
 def reasoning_tokens(events: list[SessionEvent]) -> int:

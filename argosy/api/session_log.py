@@ -87,6 +87,9 @@ class ChoiceLog:
                 "completion_tokens": event.usage.completion_tokens,
                 "cached_tokens": event.usage.cached_tokens,
             }
+            if event.usage.spec_proposed_tokens is not None:
+                usage["spec_proposed_tokens"] = event.usage.spec_proposed_tokens
+                usage["spec_accepted_tokens"] = event.usage.spec_accepted_tokens or 0
             self.finish = Finished(reason=event.reason, usage=usage)
 
     def events(self, unfinished_reason: str = "abort") -> list[SessionEvent]:

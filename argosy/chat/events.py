@@ -43,6 +43,9 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # speculative decoding (None: the engine does not speculate): draft tokens verified / accepted
+    spec_proposed_tokens: int | None = None
+    spec_accepted_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -27,6 +27,7 @@ from argosy.models.quantize import apply_int4, apply_int8
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
 from argosy.runner.model_runner import ModelRunner, StepResult, kv_bytes_per_block
+from argosy.runner.spec_decode import NgramProposer, Verified
 from argosy.runner.structured import TokenGuide
 from argosy.sampling_params import SamplingParams
 
@@ -128,7 +129,23 @@ class LLMEngine:
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = set(self.source.eos_token_ids)
         self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.proposer = (
+            NgramProposer(
+                config.num_speculative_tokens, config.ngram_min, config.ngram_max, self.max_model_len
+            )
+            if config.speculative == "ngram"
+            else None
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.proposer,
+            config.spec_max_decodes,
+        )
+        self.num_spec_proposed = 0
+        self.num_spec_accepted = 0
+        self.num_spec_steps = 0
         self.runner = ModelRunner(
             self.model,
             self.num_blocks,
@@ -151,6 +168,14 @@ class LLMEngine:
             self.max_model_len,
             time.perf_counter() - started,
         )
+        if self.proposer is not None:
+            log.info(
+                "speculative decoding: %s, up to %d draft tokens, n-grams %d..%d",
+                config.speculative,
+                config.num_speculative_tokens,
+                config.ngram_min,
+                config.ngram_max,
+            )
 
     # -- requests ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -247,19 +272,46 @@ class LLMEngine:
         outputs = []
         for req in out.scheduled:
             seq = req.seq
-            sampled = result.sampled.get(seq.request_id)
-            if sampled is None:
-                continue
-            token_id, logprob = sampled
-            seq.output_token_ids.append(token_id)
-            if logprob is not None:
-                seq.output_logprobs.append(logprob)
-            self._check_stop(seq, token_id)
+            verified = result.verified.get(seq.request_id)
+            if verified is not None:
+                self._append_verified(seq, req.num_spec_tokens, verified)
+            else:
+                sampled = result.sampled.get(seq.request_id)
+                if sampled is None:
+                    continue
+                token_id, logprob = sampled
+                seq.output_token_ids.append(token_id)
+                if logprob is not None:
+                    seq.output_logprobs.append(logprob)
+                self._check_stop(seq, token_id)
             outputs.append(self._output(seq))
             if seq.is_finished:
                 self.sequences.pop(seq.request_id, None)
                 self.runner.release(seq.request_id)
         return outputs
+
+    def _append_verified(self, seq: Sequence, num_proposed: int, verified: Verified) -> None:
+        """Append a verified draft's tokens one by one, stopping exactly where plain decoding
+        would (EOS, stop token ids, max_tokens, context), then count the accepted KV."""
+        num_kept = 0
+        for j, token_id in enumerate(verified.token_ids):
+            seq.output_token_ids.append(token_id)
+            if verified.logprobs is not None:
+                seq.output_logprobs.append(verified.logprobs[j])
+            num_kept += 1
+            self._check_stop(seq, token_id)
+            if seq.is_finished:
+                break
+        num_accepted = min(verified.num_accepted, num_kept)
+        seq.num_spec_proposed += num_proposed
+        seq.num_spec_accepted += num_accepted
+        self.num_spec_proposed += num_proposed
+        self.num_spec_accepted += num_accepted
+        self.num_spec_steps += 1
+        if seq.is_finished:
+            seq.spec_token_ids = []
+        else:
+            self.scheduler.accept_draft(seq, verified.num_accepted)
 
     def _check_stop(self, seq: Sequence, token_id: int) -> None:
         params = seq.params
@@ -300,6 +352,8 @@ class LLMEngine:
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,
+            num_spec_proposed=seq.num_spec_proposed if self.proposer is not None else None,
+            num_spec_accepted=seq.num_spec_accepted if self.proposer is not None else None,
         )
 
     def stats(self) -> EngineStats:
@@ -312,4 +366,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_queries=bm.num_prefix_queries,
             prefix_cache_hits=bm.num_prefix_hits,
+            spec_proposed_tokens=self.num_spec_proposed,
+            spec_accepted_tokens=self.num_spec_accepted,
+            spec_steps=self.num_spec_steps,
         )

@@ -36,6 +36,9 @@ class RequestOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     error: str | None = None
+    # speculative decoding totals so far; None when the engine does not speculate
+    num_spec_proposed: int | None = None  # draft tokens verified
+    num_spec_accepted: int | None = None  # draft tokens accepted
 
 
 @dataclass(slots=True)
@@ -47,6 +50,9 @@ class EngineStats:
     num_preemptions: int
     prefix_cache_queries: int
     prefix_cache_hits: int
+    spec_proposed_tokens: int = 0  # draft tokens verified (speculative decoding)
+    spec_accepted_tokens: int = 0  # of which accepted
+    spec_steps: int = 0  # sequence-steps that verified a draft
 
     @property
     def kv_cache_usage(self) -> float:

@@ -9,25 +9,40 @@ and it goes back to the waiting queue to be recomputed later (never failed).
 A batch-invariant request runs in steps of its own (alternating with the others' steps),
 without prefix-cache hits and is never chosen for preemption while others can go, so its
 tokens equal those of a solo run on an idle engine.
+
+Speculative decoding: with a proposer, a decode may carry a draft of k tokens (stored in
+`seq.spec_token_ids`) and then computes 1 + k tokens, counted in the token budget; each
+decode keeps at least its one token of budget, and a draft is dropped rather than preempt
+anyone for its slots, and steps with more than `spec_max_decodes` decodes carry no drafts.
+After the step only the last known token counts as computed
+(`advance`); the engine adds the accepted draft tokens (`accept_draft`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from argosy.engine.block_manager import BlockManager
 from argosy.engine.sequence import Sequence, SequenceStatus
 
 
+class Proposer(Protocol):
+    def propose(self, seq: Sequence, limit: int) -> list[int]: ...
+
+
 @dataclass(slots=True)
 class ScheduledRequest:
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # draft tokens included
+    num_spec_tokens: int = 0  # the draft (seq.spec_token_ids) verified after the known tokens
 
     @property
     def is_sampling(self) -> bool:
         """True when this step computes the sequence's last known token (so it samples)."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        return (
+            self.seq.num_computed_tokens + self.num_new_tokens - self.num_spec_tokens == self.seq.num_tokens
+        )
 
 
 @dataclass(slots=True)
@@ -60,8 +75,12 @@ class Scheduler:
         block_manager: BlockManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        proposer: Proposer | None = None,
+        spec_max_decodes: int = 4,
     ) -> None:
         self.block_manager = block_manager
+        self.proposer = proposer
+        self.spec_max_decodes = spec_max_decodes
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: list[Sequence] = []
@@ -114,9 +133,14 @@ class Scheduler:
             self.running.append(seq)
         else:
             num_new = min(seq.num_tokens - seq.num_computed_tokens, self.max_num_batched_tokens)
-            if not self._make_room(seq, num_new, out):
+            draft = self._draft(seq, self.max_num_batched_tokens - num_new)
+            if not self._make_room(seq, num_new + len(draft), out):
                 return
-            self.block_manager.append_slots(seq, num_new)
+            self.block_manager.append_slots(seq, num_new + len(draft))
+            seq.spec_token_ids = draft
+            num_new += len(draft)
+            out.scheduled.append(ScheduledRequest(seq, num_new, len(draft)))
+            return
         out.scheduled.append(ScheduledRequest(seq, num_new))
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -124,18 +148,33 @@ class Scheduler:
         batchable = [s for s in self.running if not s.params.batch_invariant]
         decodes = [s for s in batchable if s.num_tokens - s.num_computed_tokens == 1]
         prefills = [s for s in batchable if s.num_tokens - s.num_computed_tokens > 1]
+        # beyond one token per decode: what drafts may take (none in a crowded step)
+        spare = budget - len(decodes) if len(decodes) <= self.spec_max_decodes else 0
         for seq in decodes + prefills:
             if budget <= 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self._make_room(seq, num_new, out):
+            draft = self._draft(seq, spare)
+            if not self._make_room(seq, num_new + len(draft), out):
                 continue
-            self.block_manager.append_slots(seq, num_new)
-            out.scheduled.append(ScheduledRequest(seq, num_new))
+            self.block_manager.append_slots(seq, num_new + len(draft))
+            seq.spec_token_ids = draft
+            spare -= len(draft)
+            num_new += len(draft)
+            out.scheduled.append(ScheduledRequest(seq, num_new, len(draft)))
             budget -= num_new
         return budget
+
+    def _draft(self, seq: Sequence, limit: int) -> list[int]:
+        """A draft for a decoding sequence, when a proposer has one and its slots are free."""
+        if self.proposer is None or limit <= 0 or seq.num_tokens - seq.num_computed_tokens != 1:
+            return []
+        draft = self.proposer.propose(seq, limit)
+        if draft and not self.block_manager.can_append(seq, 1 + len(draft)):
+            return []  # never preempt anyone for a draft's slots
+        return draft
 
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
         """Preempt lowest-priority running requests until `seq` fits; False if `seq` itself
@@ -150,6 +189,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = []
         seq.status = SequenceStatus.PREEMPTED
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -184,8 +224,15 @@ class Scheduler:
     def advance(self, out: SchedulerOutput) -> None:
         """Mark the scheduled tokens computed and publish newly full blocks."""
         for req in out.scheduled:
-            req.seq.num_computed_tokens += req.num_new_tokens
+            req.seq.num_computed_tokens += req.num_new_tokens - req.num_spec_tokens
             self.block_manager.cache_full_blocks(req.seq)
+
+    def accept_draft(self, seq: Sequence, num_accepted: int) -> None:
+        """After verification: the KV of the first `num_accepted` draft tokens (now output
+        tokens) is valid; the slots of rejected ones are rewritten later."""
+        seq.spec_token_ids = []
+        seq.num_computed_tokens += num_accepted
+        self.block_manager.cache_full_blocks(seq)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
         if seq.is_finished:

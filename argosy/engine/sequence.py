@@ -53,6 +53,12 @@ class Sequence:
     num_reported_tokens: int = 0
     is_prompt_logprobs_reported: bool = False
     is_first_admission: bool = True
+    # speculative decoding: the draft scheduled this step (verified after token num_tokens - 1),
+    # the proposer's per-sequence state, and per-request totals
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_state: object | None = None
+    num_spec_proposed: int = 0  # draft tokens verified
+    num_spec_accepted: int = 0  # draft tokens accepted (and kept)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -80,8 +86,12 @@ class Sequence:
         return self.num_computed_tokens < self.num_tokens - 1
 
     def token_at(self, index: int) -> int:
+        """Token `index`; past the known tokens, the draft being verified."""
         n = len(self.prompt_token_ids)
-        return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
+        if index < n:
+            return self.prompt_token_ids[index]
+        m = len(self.output_token_ids)
+        return self.output_token_ids[index - n] if index - n < m else self.spec_token_ids[index - n - m]
 
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids

@@ -18,17 +18,21 @@ from argosy.models.llama import DecoderForCausalLM
 from argosy.runner.attention import AttentionMetadata, PrefillChunk
 from argosy.runner.compiled import MIN_ROWS, CompiledDecoder
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
+from argosy.runner.spec_decode import Verified, verify_batch
 
 
 @dataclass(slots=True)
 class StepResult:
     sampled: dict[str, tuple[int, TokenLogprob | None]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+    verified: dict[str, Verified] = field(default_factory=dict)  # requests that carried a draft
 
 
 def _compiled_decode_fits(req: ScheduledRequest) -> bool:
-    """One new token that samples (a decode), and no prompt logprobs to compute."""
-    return req.num_new_tokens == 1 and req.is_sampling and req.seq.params.prompt_logprobs is None
+    """Decode rows only (one new token that samples, or a draft to verify), and no prompt
+    logprobs to compute."""
+    is_decode = (req.num_new_tokens == 1 and req.is_sampling) or req.num_spec_tokens > 0
+    return is_decode and req.seq.params.prompt_logprobs is None
 
 
 def kv_bytes_per_block(
@@ -63,6 +67,7 @@ class ModelRunner:
         self.v_all = torch.zeros(shape, dtype=dtype, device=self.device)
         self.kv_caches = [(self.k_all[i], self.v_all[i]) for i in range(cfg.num_layers)]
         self.compiled: CompiledDecoder | None = None
+        self.num_compiled_steps = 0
         self.sampler = Sampler(vocab_size, torch.Generator().manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
 
@@ -84,8 +89,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
-        # decodes first (one token each), then prefill chunks
-        batch = sorted(out.scheduled, key=lambda r: r.num_new_tokens != 1)
+        # decodes first (one token each; a draft's tokens are decode rows too), then prefill chunks
+        batch = sorted(out.scheduled, key=lambda r: r.num_new_tokens != 1 and not r.num_spec_tokens)
         if self.compiled is not None and all(_compiled_decode_fits(r) for r in batch):
             return self._execute_compiled(batch, self.compiled)
         meta, input_ids, positions = self._prepare(batch)
@@ -93,7 +98,7 @@ class ModelRunner:
             meta, input_ids = meta.to(self.device), input_ids.to(self.device)
         hidden = self.model(input_ids, self.kv_caches, meta)
         result = StepResult()
-        sampling = [(i, r) for i, r in enumerate(batch) if r.is_sampling]
+        sampling = [(i, r) for i, r in enumerate(batch) if r.is_sampling and not r.num_spec_tokens]
         offsets = self._token_offsets(batch)
         for i, req in enumerate(batch):
             if req.seq.params.prompt_logprobs is not None:
@@ -107,32 +112,60 @@ class ModelRunner:
             rows = [self._sampling_row(r.seq) for _, r in sampling]
             for (_, req), sampled in zip(sampling, self.sampler(logits, rows), strict=True):
                 result.sampled[req.seq.request_id] = sampled
+        drafted = [(i, r) for i, r in enumerate(batch) if r.num_spec_tokens]
+        if drafted:  # speculative verification: logits at every position of each chunk
+            rows_index = [offsets[i] + j for i, r in drafted for j in range(r.num_new_tokens)]
+            index = torch.tensor(rows_index, dtype=torch.long, device=hidden.device)
+            logits = self.model.compute_logits(hidden[index]).cpu()
+            requests = [(r.seq, r.seq.spec_token_ids) for _, r in drafted]
+            for (_, req), verified in zip(
+                drafted, verify_batch(self.sampler, logits, requests, self._sampling_row), strict=True
+            ):
+                result.verified[req.seq.request_id] = verified
         return result
 
     def _execute_compiled(self, batch: list[ScheduledRequest], compiled: CompiledDecoder) -> StepResult:
-        n, bs = len(batch), self.block_size
+        """Decode rows only: one per decoding sequence, or one per token of a draft (each row
+        sees the context up to itself, as in the eager path)."""
+        bs = self.block_size
+        self.num_compiled_steps += 1
+        n = sum(r.num_new_tokens for r in batch)
         rows = max(n, MIN_ROWS)  # padding rows read and write only the scratch block
         max_blocks = max(len(r.seq.block_table) for r in batch)
         block_ids = torch.full((rows, max_blocks), self.scratch_block, dtype=torch.long)
         positions = torch.zeros(rows, dtype=torch.long)
         slots = torch.full((rows,), self.scratch_block * bs, dtype=torch.long)
         ids = torch.zeros(rows, dtype=torch.long)
-        for i, req in enumerate(batch):
-            seq, pos = req.seq, req.seq.num_computed_tokens
-            block_ids[i, : len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.long)
-            positions[i] = pos
-            slots[i] = seq.block_table[pos // bs] * bs + pos % bs
-            ids[i] = seq.token_at(pos)
+        row = 0
+        for req in batch:
+            seq, table = req.seq, torch.tensor(req.seq.block_table, dtype=torch.long)
+            for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + req.num_new_tokens):
+                block_ids[row, : len(table)] = table
+                positions[row] = pos
+                slots[row] = seq.block_table[pos // bs] * bs + pos % bs
+                ids[row] = seq.token_at(pos)
+                row += 1
         ctx = max_blocks * bs
         mask = torch.arange(ctx).unsqueeze(0) <= positions.unsqueeze(1)  # padding rows: position 0
         cos, sin = self.model.rope(positions, self.dtype)
         logits = compiled(
             ids, cos, sin, slots, block_ids.view(-1), mask.view(rows, 1, 1, ctx), self.k_all, self.v_all
-        )
+        )[:n].float()
         result = StepResult()
-        sampling_rows = [self._sampling_row(r.seq) for r in batch]
-        for req, sampled in zip(batch, self.sampler(logits[:n].float(), sampling_rows), strict=True):
-            result.sampled[req.seq.request_id] = sampled
+        offsets = self._token_offsets(batch)
+        plain = [(i, r) for i, r in enumerate(batch) if not r.num_spec_tokens]
+        if plain:
+            sampling_rows = [self._sampling_row(r.seq) for _, r in plain]
+            chosen = logits[torch.tensor([offsets[i] for i, _ in plain], dtype=torch.long)]
+            for (_, req), sampled in zip(plain, self.sampler(chosen, sampling_rows), strict=True):
+                result.sampled[req.seq.request_id] = sampled
+        drafted = [(i, r) for i, r in enumerate(batch) if r.num_spec_tokens]
+        if drafted:
+            index = torch.tensor([offsets[i] + j for i, r in drafted for j in range(r.num_new_tokens)])
+            requests = [(r.seq, r.seq.spec_token_ids) for _, r in drafted]
+            verified = verify_batch(self.sampler, logits[index], requests, self._sampling_row)
+            for (_, req), outcome in zip(drafted, verified, strict=True):
+                result.verified[req.seq.request_id] = outcome
         return result
 
     @staticmethod
@@ -169,6 +202,13 @@ class ModelRunner:
                 slot_parts.append(self._slots(seq, start, stop))
                 decode_tables.append(seq.block_table)
                 decode_lens.append(stop)
+            elif req.num_spec_tokens:
+                # speculative verification: one decode row per token, each seeing the context up
+                # to itself (its K/V is written before attention), so every position is computed
+                # as plain decoding computes it
+                slot_parts.append(self._slots(seq, start, stop))
+                decode_tables.extend([seq.block_table] * req.num_new_tokens)
+                decode_lens.extend(range(start + 1, stop + 1))
             else:
                 context_slots = self._slots(seq, 0, stop)
                 slot_parts.append(context_slots[start:stop])

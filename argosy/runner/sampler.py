@@ -41,8 +41,7 @@ class Sampler:
         logits = logits[:, : self.vocab_size]
         want_logprobs = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits[want_logprobs], dim=-1) if want_logprobs else None
-        self._apply_penalties(logits, rows)
-        self._apply_bias_and_guides(logits, rows)
+        self.process_logits(logits, rows)
         tokens = torch.empty(len(rows), dtype=torch.long)
         greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
         if greedy:
@@ -68,6 +67,11 @@ class Sampler:
         return result
 
     # -- logit processing ----------------------------------------------------------------
+    def process_logits(self, logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+        """Penalties, logit_bias and grammar masks, in place (what greedy takes the argmax of)."""
+        self._apply_penalties(logits, rows)
+        self._apply_bias_and_guides(logits, rows)
+
     def _apply_penalties(self, logits: torch.Tensor, rows: list[SamplingRow]) -> None:
         for i, row in enumerate(rows):
             p = row.params
@@ -110,19 +114,23 @@ class Sampler:
         values, indices = logits.topk(min(k_max, logits.shape[1]), dim=-1)  # sorted, descending
         rank = torch.arange(values.shape[1])
         values = values.masked_fill(rank >= torch.tensor(ks).unsqueeze(1), float("-inf"))
-        probs = self._truncate(values, rows)
+        probs = self.truncate(values, rows)
         noise = self._noise(rows, [min(k, values.shape[1]) for k in ks], values.shape[1])
         choice = (probs / noise).argmax(dim=-1, keepdim=True)
         return indices.gather(1, choice).squeeze(1)
 
     def _sample_full(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         values, indices = logits.sort(dim=-1, descending=True)
-        probs = self._truncate(values, rows)
+        ks = torch.tensor([r.params.top_k for r in rows]).unsqueeze(1)
+        if (ks > 0).any():  # top_k above the fast path's limit
+            rank = torch.arange(values.shape[1])
+            values = values.masked_fill((ks > 0) & (rank >= ks), float("-inf"))
+        probs = self.truncate(values, rows)
         noise = self._noise(rows, [values.shape[1]] * len(rows), values.shape[1])
         choice = (probs / noise).argmax(dim=-1, keepdim=True)
         return indices.gather(1, choice).squeeze(1)
 
-    def _truncate(self, sorted_logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    def truncate(self, sorted_logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Temperature, top-p, min-p on logits sorted descending; returns probabilities."""
         temps = torch.tensor([r.params.temperature for r in rows], dtype=sorted_logits.dtype).unsqueeze(1)
         probs = torch.softmax(sorted_logits / temps, dim=-1)
@@ -134,6 +142,23 @@ class Sampler:
         if (min_p > 0.0).any():
             probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)
         return probs
+
+    def sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
+        """One row's token from processed logits [V], drawing exactly what the batched path
+        draws for a seeded row (same candidates, same noise width, same generator), so a seeded
+        request samples the same token either way."""
+        p = row.params
+        if p.is_greedy:
+            return int(logits.argmax())
+        if 0 < p.top_k <= TOPK_FAST_LIMIT:
+            values, indices = logits.topk(min(p.top_k, logits.shape[0]))
+        else:
+            values, indices = logits.sort(descending=True)
+            if p.top_k > 0:
+                values[p.top_k :] = float("-inf")
+        probs = self.truncate(values.unsqueeze(0), [row])[0]
+        noise = torch.empty(values.shape[0]).exponential_(generator=row.generator or self.generator)
+        return int(indices[(probs / noise).argmax()])
 
     def _noise(self, rows: list[SamplingRow], widths: list[int], total: int) -> torch.Tensor:
         noise = torch.ones(len(rows), total)

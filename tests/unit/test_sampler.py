@@ -116,6 +116,13 @@ def test_top_k_above_the_fast_limit_uses_the_full_path_with_the_same_support() -
     assert support(counts) == {0, 1, 2}  # the rest is possible but e^-31 unlikely
 
 
+def test_top_k_above_the_fast_limit_is_honoured() -> None:
+    k = TOPK_FAST_LIMIT + 1
+    logits = [0.0] * k + [-0.01] * 40  # flat: without top-k the last 40 would be drawn often
+    counts = draw(logits, params(top_k=k, temperature=1.0), 3000)
+    assert max(support(counts)) < k
+
+
 # probabilities 0.5, 0.3, 0.15, 0.05
 PROBS_4 = [0.5, 0.3, 0.15, 0.05]
 LOG_PROBS_4 = [math.log(p) for p in PROBS_4]

@@ -1,0 +1,115 @@
+"""The compiled decode path (EngineConfig.compile="on") computes what the eager path does.
+
+torch.compile of the tiny models takes ~10-30 s per engine, so the engines here are few and
+each one is asked a lot: a mixed batch (prefill chunks beside decodes, seeded sampling,
+logprobs, penalties), speculative drafts verified as decode rows, and preemption.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from argosy.models.packed_linear import PackedLinear, apply_packing, packing_supported
+from argosy.models.quantized_linear import BatchSwitchLinear
+from argosy.runner.attention import grouped_decode_attention
+from argosy.runner.compiled import paged_decode_attention
+from argosy.runner.model_runner import kv_bytes_per_block
+from argosy.sampling_params import SamplingParams
+from tests.unit.conftest import TinyModel
+from tests.unit.test_engine import assert_all_blocks_free, greedy, prompt, run
+from tests.unit.test_spec_decode import SPEC, draft_prone_prompt
+
+
+def mixed_requests(tiny: TinyModel) -> dict[str, tuple[list[int], SamplingParams]]:
+    requests: dict[str, tuple[list[int], SamplingParams]] = {
+        f"g{i}": (prompt(5 + 7 * i, seed=40 + i), greedy(24)) for i in range(5)
+    }
+    requests["long"] = (prompt(150, seed=50), greedy(12))  # chunked prefill beside decodes
+    requests["pen"] = (prompt(20, seed=51), greedy(24, repetition_penalty=1.3, presence_penalty=0.3))
+    requests["lp"] = (prompt(9, seed=52), greedy(16, logprobs=3))
+    requests["seeded"] = (
+        prompt(11, seed=53),
+        SamplingParams(max_tokens=24, temperature=0.9, seed=7, ignore_eos=True, detokenize=False),
+    )
+    requests["drafty"] = (draft_prone_prompt(tiny, 3), greedy(32))
+    return requests
+
+
+def test_compiled_steps_equal_eager_steps(tiny: TinyModel) -> None:
+    requests = mixed_requests(tiny)
+    eager = run(tiny.engine(), requests)
+    engine = tiny.engine(compile="on", **SPEC)
+    assert engine.compiled and engine.runner.compiled is not None
+    compiled = run(engine, requests)
+    assert engine.runner.num_compiled_steps > 10  # decode-only steps went through the graph
+    assert engine.stats().spec_accepted_tokens > 0  # drafts were verified there too
+    for rid in requests:
+        assert compiled[rid].token_ids == eager[rid].token_ids, rid
+    for got, want in zip(compiled["lp"].logprobs, eager["lp"].logprobs, strict=True):
+        assert got.token_id == want.token_id
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
+    assert_all_blocks_free(engine)
+
+
+def test_compiled_steps_under_preemption(tiny_llama: TinyModel) -> None:
+    cfg = tiny_llama.reference.config
+    per_block = kv_bytes_per_block(cfg.num_hidden_layers, 16, cfg.num_key_value_heads, 16, torch.float32)
+    requests = {f"q{i}": (prompt(18 + 3 * i, seed=300 + i), greedy(32)) for i in range(6)}
+    roomy = run(tiny_llama.engine(), requests)
+    engine = tiny_llama.engine(compile="on", kv_cache_memory=9 * per_block)
+    assert engine.num_blocks == 9
+    tight = run(engine, requests)
+    assert engine.stats().num_preemptions > 0
+    assert engine.runner.num_compiled_steps > 0
+    assert {r: t.token_ids for r, t in tight.items()} == {r: t.token_ids for r, t in roomy.items()}
+    assert_all_blocks_free(engine)
+
+
+def test_paged_decode_attention_writes_the_cache_then_attends() -> None:
+    torch.manual_seed(0)
+    block_size, blocks, kv_heads, heads, dim = 4, 6, 2, 4, 8
+    k_cache = torch.randn(blocks * block_size, kv_heads, dim)
+    v_cache = torch.randn_like(k_cache)
+    q, k, v = torch.randn(2, heads, dim), torch.randn(2, kv_heads, dim), torch.randn(2, kv_heads, dim)
+    tables = torch.tensor([[3, 1], [5, 0]])
+    positions = torch.tensor([6, 2])  # row 0: block 1 slot 2; row 1: block 5 slot 2
+    slots = torch.tensor([1 * block_size + 2, 5 * block_size + 2])
+    mask = (torch.arange(2 * block_size).unsqueeze(0) <= positions.unsqueeze(1)).view(2, 1, 1, -1)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    expected_k[slots], expected_v[slots] = k, v
+    out = paged_decode_attention(q, k, v, k_cache, v_cache, slots, tables.view(-1), mask, block_size)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    for row in range(2):  # reference: plain attention with repeated K/V heads
+        ctx_slots = (tables[row].unsqueeze(1) * block_size + torch.arange(block_size)).view(-1)
+        ctx_slots = ctx_slots[: int(positions[row]) + 1]
+        keys = expected_k[ctx_slots].repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)
+        values = expected_v[ctx_slots].repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)
+        scores = (q[row].unsqueeze(1) @ keys.transpose(1, 2)) * dim**-0.5  # [H, 1, ctx]
+        want = (scores.softmax(-1) @ values).reshape(-1)
+        torch.testing.assert_close(out[row], want, atol=1e-5, rtol=1e-5)
+    eager = grouped_decode_attention(q, k_cache, v_cache, tables.view(-1), mask, block_size)
+    torch.testing.assert_close(out, eager)
+
+
+def test_batch_switch_linear_picks_by_rows() -> None:
+    small, large = nn.Linear(8, 3, bias=False), nn.Linear(8, 3, bias=False)
+    layer = BatchSwitchLinear(small, large, max_small_rows=4)
+    for rows, chosen in ((1, small), (4, small), (5, large), (64, large)):
+        x = torch.randn(rows, 8)
+        assert torch.equal(layer(x), chosen(x))
+
+
+@pytest.mark.skipif(not packing_supported(torch.bfloat16, "cpu"), reason="no oneDNN bf16 on this CPU")
+def test_packed_linear_equals_linear_in_bf16() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 96), nn.Linear(96, 32, bias=False)).to(torch.bfloat16)
+    expected = {rows: torch.randn(rows, 64, dtype=torch.bfloat16) for rows in (1, 3, 40)}
+    wanted = {rows: model(x) for rows, x in expected.items()}
+    assert apply_packing(model) == 2
+    assert all(isinstance(m, PackedLinear) for m in model)
+    for rows, x in expected.items():
+        torch.testing.assert_close(model(x), wanted[rows], atol=0.02, rtol=0.02)
+    compiled = torch.compile(model, dynamic=True, fullgraph=True)
+    torch.testing.assert_close(compiled(expected[3]), wanted[3], atol=0.02, rtol=0.02)
