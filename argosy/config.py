@@ -16,9 +16,10 @@ QOS_CLASSES = ("interactive", "background", "inline")
 class EngineConfig:
     model: str = "smollm2"  # a registered name, a GGUF file or a Hugging Face folder
     dtype: str = "auto"  # auto | bfloat16 | float32 | float16
-    quantization: str = "none"  # none | int4 (a GGUF's own Q4 blocks) | int8 | auto
+    # auto: int4 from a GGUF's own Q4 blocks where the file has them, else the float weights
+    quantization: str = "auto"  # auto | none | int4 | int8
     device: str = "cpu"
-    compile: str = "off"  # off | on: torch.compile the decode step at start-up (eager fallback)
+    compile: str = "on"  # on | off: torch.compile the decode step at start-up (eager fallback)
     max_model_len: int | None = None  # None: the model's own context length
     block_size: int = 16
     kv_cache_memory: int = 512 * 1024 * 1024  # bytes for K and V across all layers

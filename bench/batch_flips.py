@@ -37,11 +37,23 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument(
+        "--quantization", default="none", help="none (bf16 weights, like transformers) | auto | int4 | int8"
+    )
+    parser.add_argument("--compile", default="on", choices=["on", "off"], help="compiled decode step")
     parser.add_argument("--prompts", type=int, default=100)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, enable_prefix_caching=False))
+    engine = LLMEngine(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            quantization=args.quantization,
+            compile=args.compile,
+            enable_prefix_caching=False,
+        )
+    )
     rng = random.Random(0)
     texts = [
         f"Write {rng.choice(['a short', 'a long', 'a sad', 'a funny'])} story about {rng.choice(TOPICS)}"

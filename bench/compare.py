@@ -41,7 +41,15 @@ import peer_builds  # noqa: E402
 import peers  # noqa: E402
 from workloads import Client, PromptTokenCounter, WorkloadError, WorkloadRunner, Workloads  # noqa: E402
 
-ALL_SYSTEMS = ("argosy", "argosy-noprefix", "llama-server", "llama-cpp-python", "transformers")
+ALL_SYSTEMS = (
+    "argosy",
+    "argosy-spec",
+    "argosy-bf16",
+    "argosy-noprefix",
+    "llama-server",
+    "llama-cpp-python",
+    "transformers",
+)
 BASE_SLOTS = 8
 
 
@@ -57,6 +65,12 @@ def metrics_for(workloads: Workloads) -> list[Metric]:
     rows = [
         Metric("decode_tok_s", f"Single-stream decode, {workloads.decode_tokens} tok (tok/s)", True),
         Metric("single_ttft_ms", "Single-stream TTFT, short prompt (ms)", False),
+        Metric(
+            "grounded_tok_s",
+            f"Input-grounded single stream (rewrite a passage), {workloads.decode_tokens} tok (tok/s)",
+            True,
+        ),
+        Metric("grounded_accept_pct", "Input-grounded: draft tokens accepted (%, --speculative ngram)", None),
         Metric("prefill_tok_s", f"Prefill, ~{workloads.prefill_prompt_tokens}-tok prompt (tok/s)", True),
     ]
     for n in workloads.concurrency_levels:

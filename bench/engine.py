@@ -71,7 +71,15 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingPara
 
 
 def bench_argosy(args: argparse.Namespace, rng: random.Random) -> dict[str, float]:
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, enable_prefix_caching=True))
+    engine = LLMEngine(
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            quantization=args.quantization,
+            compile=args.compile,
+            enable_prefix_caching=True,
+        )
+    )
     vocab = engine.vocab_size
     run_engine(engine, [random_prompt(rng, 16, vocab)], greedy(8))  # warm-up
     res: dict[str, float] = {}
@@ -146,6 +154,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument(
+        "--quantization", default="none", help="none (bf16 weights, like transformers) | auto | int4 | int8"
+    )
+    parser.add_argument("--compile", default="on", choices=["on", "off"], help="compiled decode step")
     parser.add_argument("--quick", action="store_true", help="fewer repeats and tokens")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers")
     parser.add_argument("--soak", type=int, default=1000, help="requests in the RSS soak (0: skip)")

@@ -27,28 +27,7 @@ from argosy.chat.template import ChatTemplate  # noqa: E402
 from argosy.config import EngineConfig  # noqa: E402
 from argosy.engine.llm_engine import LLMEngine  # noqa: E402
 from argosy.sampling_params import SamplingParams  # noqa: E402
-
-PASSAGE = (
-    "The lighthouse at Cape Ellery was built in 1871, after three ships ran aground on the "
-    "reef in a single winter. Its tower is made of local granite, cut from a quarry two miles "
-    "inland and carried to the coast on ox carts. The first keeper, Thomas Hale, lived in the "
-    "small cottage at the foot of the tower with his wife and four children. Every evening he "
-    "climbed the one hundred and twelve steps to light the lamp, which burned whale oil until "
-    "1890 and kerosene after that. The light could be seen from eighteen miles out at sea on a "
-    "clear night. In bad weather the keeper also rang a heavy bronze bell every thirty seconds, "
-    "sometimes for days without rest. Supplies arrived by boat once a month, and when storms "
-    "kept the boat away the family lived on salted fish, potatoes from their garden and "
-    "rainwater collected in a stone cistern. In 1936 the lamp was replaced by an electric light "
-    "and the bell by a foghorn, and the keepers no longer had to climb the tower every night. "
-    "The last keeper left in 1968, when the light became fully automatic. Today the cottage is "
-    "a small museum run by volunteers. Visitors can see the keeper's logbooks, which record the "
-    "weather, passing ships and the occasional rescue, written in careful handwriting over "
-    "almost a hundred years. The tower itself is still an active aid to navigation, and its "
-    "white flash every ten seconds still warns ships away from the reef that gave it its "
-    "reason to exist. Local schools visit every spring, and children are allowed to climb the "
-    "steps and look out over the water, imagining the long nights the keepers spent watching "
-    "the sea and keeping the light burning for sailors they would never meet."
-)
+from bench.workloads import PASSAGE  # noqa: E402
 
 WORKLOADS = {
     "repeat": f"Repeat the following text exactly, word for word:\n\n{PASSAGE}",

@@ -56,6 +56,32 @@ TOPICS = (
 )
 
 
+# an input-grounded task (speculative decoding's case): the answer copies much of the prompt
+PASSAGE = (
+    "The lighthouse at Cape Ellery was built in 1871, after three ships ran aground on the "
+    "reef in a single winter. Its tower is made of local granite, cut from a quarry two miles "
+    "inland and carried to the coast on ox carts. The first keeper, Thomas Hale, lived in the "
+    "small cottage at the foot of the tower with his wife and four children. Every evening he "
+    "climbed the one hundred and twelve steps to light the lamp, which burned whale oil until "
+    "1890 and kerosene after that. The light could be seen from eighteen miles out at sea on a "
+    "clear night. In bad weather the keeper also rang a heavy bronze bell every thirty seconds, "
+    "sometimes for days without rest. Supplies arrived by boat once a month, and when storms "
+    "kept the boat away the family lived on salted fish, potatoes from their garden and "
+    "rainwater collected in a stone cistern. In 1936 the lamp was replaced by an electric light "
+    "and the bell by a foghorn, and the keepers no longer had to climb the tower every night. "
+    "The last keeper left in 1968, when the light became fully automatic. Today the cottage is "
+    "a small museum run by volunteers. Visitors can see the keeper's logbooks, which record the "
+    "weather, passing ships and the occasional rescue, written in careful handwriting over "
+    "almost a hundred years. The tower itself is still an active aid to navigation, and its "
+    "white flash every ten seconds still warns ships away from the reef that gave it its "
+    "reason to exist. Local schools visit every spring, and children are allowed to climb the "
+    "steps and look out over the water, imagining the long nights the keepers spent watching "
+    "the sea and keeping the light burning for sailors they would never meet."
+)
+
+GROUNDED_PROMPT = f"Rewrite the following text in your own words, keeping every fact:\n\n{PASSAGE}"
+
+
 @dataclass
 class RequestResult:
     is_ok: bool
@@ -66,6 +92,8 @@ class RequestResult:
     num_completion_tokens: int = 0
     num_prompt_tokens: int | None = None
     finish_reason: str | None = None
+    spec_proposed: int = 0  # Argosy's usage.speculative, when speculation is on
+    spec_accepted: int = 0
 
 
 @dataclass
@@ -97,7 +125,9 @@ class Workloads:
 
     def names(self) -> list[str]:
         return (
-            ["single", "prefill"] + [f"concurrency_{n}" for n in self.concurrency_levels] + ["shared_prefix"]
+            ["single", "grounded", "prefill"]
+            + [f"concurrency_{n}" for n in self.concurrency_levels]
+            + ["shared_prefix"]
         )
 
 
@@ -190,6 +220,9 @@ class Client:
                     if usage:
                         result.num_completion_tokens = int(usage.get("completion_tokens") or 0)
                         result.num_prompt_tokens = usage.get("prompt_tokens")
+                        speculative = usage.get("speculative") or {}
+                        result.spec_proposed = int(speculative.get("proposed_tokens") or 0)
+                        result.spec_accepted = int(speculative.get("accepted_tokens") or 0)
                     for choice in chunk.get("choices") or []:
                         if choice.get("finish_reason"):
                             result.finish_reason = choice["finish_reason"]
@@ -256,6 +289,8 @@ class WorkloadRunner:
             return await self.single(client, repetition)
         if name == "prefill":
             return await self.prefill(client, repetition)
+        if name == "grounded":
+            return await self.grounded(client, repetition)
         if name.startswith("concurrency_"):
             return await self.concurrency(client, int(name.removeprefix("concurrency_")), repetition)
         if name == "shared_prefix":
@@ -271,6 +306,21 @@ class WorkloadRunner:
         figures = {"single_ttft_ms": result.ttft_s * 1000}
         if result.num_completion_tokens > 1 and span_s > 0:
             figures["decode_tok_s"] = (result.num_completion_tokens - 1) / span_s
+        return figures
+
+    async def grounded(self, client: Client, repetition: int) -> dict[str, float]:
+        """Single stream, rewriting a given passage: what n-gram speculation is for."""
+        messages = [{"role": "user", "content": GROUNDED_PROMPT}]
+        result = _require_ok(
+            await client.chat(messages, self.workloads.decode_tokens, repetition), "grounded"
+        )
+        assert result.ttft_s is not None and result.last_token_s is not None
+        span_s = result.last_token_s - result.ttft_s
+        figures: dict[str, float] = {}
+        if result.num_completion_tokens > 1 and span_s > 0:
+            figures["grounded_tok_s"] = (result.num_completion_tokens - 1) / span_s
+        if result.spec_proposed:
+            figures["grounded_accept_pct"] = 100.0 * result.spec_accepted / result.spec_proposed
         return figures
 
     async def prefill(self, client: Client, repetition: int) -> dict[str, float]:

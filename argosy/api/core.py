@@ -101,6 +101,8 @@ class ModelInfo:
     has_thinking: bool = False  # its family writes a reasoning channel
     has_tools: bool = False  # tools and tool_choice work (its template's or our own tool prompt)
     speculative: str = "none"  # speculative decoding method (--speculative)
+    weights: str | None = None  # how the weights are held and computed, e.g. "int4 (GGUF Q4 blocks) ..."
+    compiled_decode: bool | None = None  # decode steps run a torch.compile graph
 
 
 @dataclass(slots=True)
@@ -218,6 +220,8 @@ class Core:
                 speculation_enabled=self.engine_config.speculation_enabled,
             ),
             speculative=self.engine_config.speculative,
+            weights=engine.weights if engine is not None else None,
+            compiled_decode=engine.compiled if engine is not None else None,
             has_thinking=self._chat_profile is not None and self._chat_profile.has_reasoning,
             has_tools=self._chat_profile is not None,
         )

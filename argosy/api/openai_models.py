@@ -40,6 +40,8 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "dtype": info.dtype,
             "sampling_defaults": info.sampling_defaults,
             "speculative_decoding": info.speculative,
+            "weights": info.weights,
+            "compiled_decode": info.compiled_decode,
         },
     }
 

@@ -258,6 +258,9 @@ class FamilyChannelParser:
             if body.startswith(close):
                 self._take(close)
                 self._buf = body[len(close) :]
+            elif close.startswith(body) and self._is_final:  # cut short inside the closer: markup
+                self._take(body)
+                self._buf = ""
             elif not self._is_final and (close.startswith(body) or opener.startswith(body)):
                 return False
             elif not (opener and body.startswith(opener)):

@@ -22,8 +22,9 @@ from argosy.engine.sequence import Sequence
 from argosy.errors import ContextLengthExceededError, InvalidRequestError, ModelLoadError
 from argosy.models.gguf_quant import INT4_FILE
 from argosy.models.llama import DecoderForCausalLM
-from argosy.models.packed_linear import apply_packing, packing_supported
+from argosy.models.packed_linear import PackedLinear, apply_packing, packing_supported
 from argosy.models.quantize import apply_int4, apply_int8
+from argosy.models.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
 from argosy.runner.model_runner import ModelRunner, StepResult, kv_bytes_per_block
@@ -104,6 +105,19 @@ def _quantize(
     log.info("quantization %s: %d projection layers", mode, count)
 
 
+def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
+    """How the projections are held, for /v1/models and the start-up log."""
+    kinds = {type(m) for m in model.modules()}
+    float_kind = str(dtype).removeprefix("torch.") + (" (oneDNN-packed)" if PackedLinear in kinds else "")
+    if BatchSwitchLinear in kinds:
+        return f"int4 (GGUF Q4 blocks) for steps of <= {MAX_INT4_ROWS} rows, {float_kind} above"
+    if Int4Linear in kinds:
+        return "int4 (GGUF Q4 blocks)"
+    if Int8Linear in kinds:
+        return "int8 (per channel)"
+    return float_kind
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, source: ModelSource | None = None) -> None:
         started = time.perf_counter()
@@ -157,12 +171,15 @@ class LLMEngine:
         )
         # one graph for batches up to MAX_INT4_ROWS and one above (BatchSwitchLinear's branch)
         self.compiled = config.compile == "on" and self.runner.compile_decode([2, 3, MAX_INT4_ROWS + 1])
+        self.weights = describe_weights(self.model, self.dtype)
         self.sequences: dict[str, Sequence] = {}
         log.info(
-            "engine ready: %s (%s) dtype=%s blocks=%d x %d max_model_len=%d in %.1fs",
+            "engine ready: %s (%s) dtype=%s weights=%s compiled_decode=%s blocks=%d x %d max_model_len=%d in %.1fs",
             self.source.name,
             self.source.architecture,
             str(self.dtype).removeprefix("torch."),
+            self.weights,
+            self.compiled,
             self.num_blocks,
             config.block_size,
             self.max_model_len,

@@ -42,6 +42,10 @@ class ServerProcess:
     # thread is descheduled makes every op wait a time slice (steps measured 10x slower)
     threads: int | None = 1
     data_dir: Path | None = None  # None: a temporary directory, removed by stop()
+    # the e2e suite pins greedy text measured on bf16 eager decoding, and a compile costs ~30 s
+    # per server: tests of the default (int4, compiled) mode pass quantization/compile None
+    quantization: str | None = "none"
+    compile: str | None = "off"
     extra_flags: list[str] = field(default_factory=list)
     startup_timeout_s: float = 120.0
     process: subprocess.Popen[bytes] | None = None
@@ -60,6 +64,8 @@ class ServerProcess:
             "--max-num-seqs": self.max_num_seqs,
             "--threads": self.threads,
             "--data-dir": self.data_dir,
+            "--quantization": self.quantization,
+            "--compile": self.compile,
         }
         flags = [item for flag, value in options.items() if value is not None for item in (flag, str(value))]
         return flags + self.extra_flags

@@ -53,6 +53,7 @@ class TinyModel:
             kv_cache_memory=1 << 22,
             block_size=16,
             max_num_batched_tokens=64,
+            compile="off",
         )
         values.update(options)
         return LLMEngine(EngineConfig(**values), source=self.source)  # type: ignore[arg-type]

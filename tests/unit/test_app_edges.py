@@ -24,7 +24,7 @@ GOOD_CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]
 @pytest.fixture
 def core() -> Core:
     server = ServerConfig(max_body_bytes=LIMIT, operator_sampling=OperatorSampling(temperature=0.5))
-    return Core(EngineConfig(model="smollm2"), server)
+    return Core(EngineConfig(model="smollm2", quantization="none", compile="off"), server)
 
 
 @pytest.fixture
@@ -143,7 +143,10 @@ def test_a_failed_load(core: Core, client: TestClient) -> None:
 
 
 def test_served_model_name_and_registered_name_are_both_accepted() -> None:
-    core = Core(EngineConfig(model="smollm2"), ServerConfig(served_model_name="tiny"))
+    core = Core(
+        EngineConfig(model="smollm2", quantization="none", compile="off"),
+        ServerConfig(served_model_name="tiny"),
+    )
     assert core.resolve_model("tiny") == "tiny"
     assert core.resolve_model("smollm2") == "tiny"
     assert core.resolve_model(None) == "tiny"

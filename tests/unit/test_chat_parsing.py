@@ -105,6 +105,12 @@ CASES = [
         'Let me check.\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
         [T("Let me check."), *call(0, "get_weather", '{"city": "Paris"}')],
     ),
+    Case(  # the output ran out of tokens inside the closing marker: markup, not content
+        "hermes-call-cut-inside-its-closer",
+        "hermes",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool',
+        [*call(0, "get_weather", '{"city": "Paris"}')],
+    ),
     Case(
         "hermes-nested-json",
         "hermes",

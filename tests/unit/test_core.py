@@ -22,7 +22,7 @@ PROMPT = [5, 17, 42, 8, 99, 3, 250, 11]
 @pytest.fixture
 def core(tiny) -> Iterator[Core]:  # type: ignore[no-untyped-def]
     engine = AsyncEngine(tiny.engine(max_model_len=128))
-    core = Core(EngineConfig(model="tiny"), ServerConfig())
+    core = Core(EngineConfig(model="tiny", compile="off"), ServerConfig())
     core.attach(engine)
     try:
         yield core

@@ -25,7 +25,7 @@ on_tiny_llama = pytest.mark.parametrize("tiny", ["llama"], indirect=True)
 
 def make_core(tiny, tmp_path: Path, **server: object) -> Iterator[Core]:  # type: ignore[no-untyped-def]
     engine = AsyncEngine(tiny.engine(max_model_len=128))
-    core = Core(EngineConfig(model="tiny"), ServerConfig(**server))  # type: ignore[arg-type]
+    core = Core(EngineConfig(model="tiny", compile="off"), ServerConfig(**server))  # type: ignore[arg-type]
     core.attach(engine)
     core.sessions = SessionRecorder(SqliteSessionStore(tmp_path / "sessions.sqlite3"))
     try:

@@ -55,7 +55,7 @@ def hf_model(source):  # type: ignore[no-untyped-def]
 def llm():  # type: ignore[no-untyped-def]
     from argosy.llm import LLM
 
-    return LLM("smollm2", dtype="float32", kv_cache_memory=KV_CACHE)
+    return LLM("smollm2", dtype="float32", quantization="none", compile="off", kv_cache_memory=KV_CACHE)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,10 @@ def test_logits_match_transformers_fp32(llm, hf_model, prompts) -> None:  # type
 
 def test_logits_match_transformers_bf16(source, hf_model, prompts) -> None:  # type: ignore[no-untyped-def]
     engine = LLMEngine(
-        EngineConfig(model="smollm2", dtype="bfloat16", kv_cache_memory=8 << 20), source=source
+        EngineConfig(
+            model="smollm2", dtype="bfloat16", quantization="none", compile="off", kv_cache_memory=8 << 20
+        ),
+        source=source,
     )
     ids = engine.encode(prompts[2])
     with torch.inference_mode():

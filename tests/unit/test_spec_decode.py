@@ -432,7 +432,7 @@ def test_core_reports_speculation_in_usage_and_the_access_log(
     tiny_llama: TinyModel, speculative: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     tiny = tiny_llama
-    engine_config = EngineConfig(model="tiny", speculative=speculative)
+    engine_config = EngineConfig(model="tiny", speculative=speculative, compile="off")
     operator = OperatorSampling(spec_max_temperature=0.0)
     engine = AsyncEngine(tiny.engine(max_model_len=256, speculative=speculative, ngram_min=1, ngram_max=3))
     core = Core(engine_config, ServerConfig(operator_sampling=operator))

@@ -441,7 +441,7 @@ def test_token_bitmask_matches_unpack() -> None:
 def test_engine_generates_valid_json_and_tool_calls(backend: GrammarBackend) -> None:
     from argosy import LLM, SamplingParams
 
-    llm = LLM("smollm2")
+    llm = LLM("smollm2", quantization="none", compile="off")
     engine = llm.engine
     source = engine.source
 
