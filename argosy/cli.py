@@ -168,6 +168,9 @@ def _print_config(engine_config: EngineConfig, server_config: ServerConfig) -> N
     line("operator sampling", operator_values)
 
 
+SWITCH_INTERVAL_S = 0.0005
+
+
 def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     import uvicorn
 
@@ -175,6 +178,10 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     from argosy.api.core import Core
     from argosy.api.sessions_bridge import open_recorder
 
+    # The engine thread gives up the GIL in every torch kernel and must get it back quickly
+    # between kernels; with CPython's default 5 ms switch interval the HTTP thread can hold
+    # it that long per token.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     core = Core(engine_config, server_config)
     data_dir = Path(server_config.data_dir).expanduser()
     try:

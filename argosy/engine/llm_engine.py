@@ -7,6 +7,8 @@ drives it from a single thread.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import time
 from pathlib import Path
@@ -60,7 +62,12 @@ def load_model(
 ) -> DecoderForCausalLM:
     """Build and load the model; quantize it; with `pack`, pack float weights for oneDNN
     (and keep int4 layers' float twins for steps of many rows)."""
-    model = builder_for(source.architecture)(source.hf_config)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # build the parameters in their final dtype: no fp32 copy
+    try:
+        model = builder_for(source.architecture)(source.hf_config)
+    finally:
+        torch.set_default_dtype(previous)
     assert isinstance(model, DecoderForCausalLM)
     files = sorted(Path(source.weights_dir).glob("model*.safetensors"))
     if not files:
@@ -103,6 +110,13 @@ def _quantize(
     else:
         return  # auto without 4-bit blocks: keep the float weights
     log.info("quantization %s: %d projection layers", mode, count)
+
+
+def release_free_memory() -> None:
+    """Give the heap's free pages back to the OS (glibc keeps them after loading and
+    compiling, which would otherwise stay in the server's RSS for its whole life)."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
@@ -172,6 +186,7 @@ class LLMEngine:
         # one graph for batches up to MAX_INT4_ROWS and one above (BatchSwitchLinear's branch)
         self.compiled = config.compile == "on" and self.runner.compile_decode([2, 3, MAX_INT4_ROWS + 1])
         self.weights = describe_weights(self.model, self.dtype)
+        release_free_memory()
         self.sequences: dict[str, Sequence] = {}
         log.info(
             "engine ready: %s (%s) dtype=%s weights=%s compiled_decode=%s blocks=%d x %d max_model_len=%d in %.1fs",

@@ -21,6 +21,7 @@ import time
 from typing import cast
 
 import torch
+import torch._inductor.config
 from torch import nn
 
 from argosy.models.llama import DecoderForCausalLM, DecoderLayer, apply_rope
@@ -105,6 +106,9 @@ class CompiledDecoder:
     def __init__(self, model: DecoderForCausalLM, block_size: int) -> None:
         self.block_size = block_size
         self.graph = DecodeGraph(model, block_size).eval()
+        # compile in this process: a pool of compile workers would add ~1 GB to the server's
+        # peak memory for a one-off start-up cost
+        torch._inductor.config.compile_threads = 1
         self.fn = torch.compile(self.graph, dynamic=False, fullgraph=True)
         self.ready = False
 

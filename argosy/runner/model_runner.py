@@ -7,8 +7,10 @@ scheduler's call.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from argosy.engine.outputs import TokenLogprob
@@ -33,6 +35,15 @@ def _compiled_decode_fits(req: ScheduledRequest) -> bool:
     logprobs to compute."""
     is_decode = (req.num_new_tokens == 1 and req.is_sampling) or req.num_spec_tokens > 0
     return is_decode and req.seq.params.prompt_logprobs is None
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor; on the host, from calloc'd pages that become resident only when written,
+    so the process's memory grows with the KV cache actually used, not its capacity."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    size = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
 
 
 def kv_bytes_per_block(
@@ -63,8 +74,8 @@ class ModelRunner:
         self.scratch_block = num_blocks
         shape = (cfg.num_layers, (num_blocks + 1) * block_size, cfg.num_kv_heads, cfg.head_dim)
         # one K and one V tensor for all layers; each layer works on its own view
-        self.k_all = torch.zeros(shape, dtype=dtype, device=self.device)
-        self.v_all = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.k_all = _zeros(shape, dtype, self.device)
+        self.v_all = _zeros(shape, dtype, self.device)
         self.kv_caches = [(self.k_all[i], self.v_all[i]) for i in range(cfg.num_layers)]
         self.compiled: CompiledDecoder | None = None
         self.num_compiled_steps = 0
