@@ -101,12 +101,20 @@ def bench_argosy(args: argparse.Namespace, rng: random.Random) -> dict[str, floa
         res[f"aggregate_{conc}"] = r["tokens"] / r["wall"]
     res["peak_rss_mb"] = peak_rss_mb()
     if args.soak:
+
+        def soak(num_requests: int) -> None:
+            for _ in range(num_requests // 50):
+                prompts = [random_prompt(rng, rng.randrange(8, 64), vocab) for _ in range(50)]
+                run_engine(engine, prompts, greedy(4))
+
+        # The KV cache's pages become resident as blocks are first written, and freed blocks
+        # are reused least recently used first: prime the whole pool, then measure.
+        gc.collect()
+        res["soak_rss_start_mb"] = rss_mb()
+        soak(args.soak // 2)
         gc.collect()
         before = rss_mb()
-        for _ in range(args.soak // 50):
-            run_engine(
-                engine, [random_prompt(rng, rng.randrange(8, 64), vocab) for _ in range(50)], greedy(4)
-            )
+        soak(args.soak)
         gc.collect()
         res["soak_rss_before_mb"], res["soak_rss_after_mb"] = before, rss_mb()
     return res
