@@ -33,9 +33,10 @@ class EngineConfig:
     # Speculative decoding (argosy/runner/spec_decode.py): "none" | "ngram" (prompt lookup:
     # draft the tokens that followed the latest earlier occurrence of the last n tokens).
     speculative: str = "none"
-    num_speculative_tokens: int = (
-        6  # most draft tokens verified per step and sequence (measured: bench/spec.py)
-    )
+    # most draft tokens verified per step and sequence: 3 keeps a single stream's verify step
+    # at 4 rows, the int4 side of the weights (bench/spec.py, int4 + compiled, rewrite a
+    # passage: k=3 1.77x plain, k=6 1.14x, since 7 rows run on the bf16 side)
+    num_speculative_tokens: int = 3
     ngram_min: int = 2  # shortest suffix n-gram looked up (tried longest first)
     ngram_max: int = 4
     # drafts only in steps with at most this many decoding requests: draft rows are nearly free
