@@ -183,8 +183,8 @@ class LLMEngine:
             config.seed,
             config.device,
         )
-        # one graph for batches up to MAX_INT4_ROWS and one above (BatchSwitchLinear's branch)
-        self.compiled = config.compile == "on" and self.runner.compile_decode([2, 3, MAX_INT4_ROWS + 1])
+        # graphs: one row; up to MAX_INT4_ROWS; above (BatchSwitchLinear's branch)
+        self.compiled = config.compile == "on" and self.runner.compile_decode([1, 2, 3, MAX_INT4_ROWS + 1])
         self.weights = describe_weights(self.model, self.dtype)
         release_free_memory()
         self.sequences: dict[str, Sequence] = {}

@@ -1,11 +1,12 @@
-"""A decode step compiled with torch.compile (inductor, freezing) for CPU.
+"""A decode step compiled with torch.compile (inductor) for CPU.
 
-Why: an eager decode step is dominated by per-op dispatch and by aten's bf16 GEMV; inductor
-with freezing packs the weights for oneDNN and fuses the small element-wise ops (see
-shared/notes/cpu-decode-probe.md). One graph covers every batch size and context length:
-the batch dimension is dynamic (batches are padded to at least 2 rows, since a dynamic size
-of 1 would specialise), and attention is an opaque custom op so the context length never
-reaches inductor's code generation.
+Why: an eager decode step is dominated by per-op dispatch; inductor fuses the small
+element-wise ops between the (packed bf16 or int4) matmuls (see
+shared/notes/cpu-decode-probe.md). Few graphs cover every batch size and context length: a
+single row gets a graph of its own (a size-1 dimension specialises; padding it to 2 rows
+cost ~25% more in the int4 kernel), more rows share graphs with a dynamic batch dimension
+(one per side of BatchSwitchLinear's int4/bf16 switch), and attention is an opaque custom op
+so the context length never reaches inductor's code generation.
 
 Each layer's attention op writes its new K/V into the cache in place (a custom op that
 declares the mutation, which inductor re-inplaces: no copy of the cache).
@@ -29,7 +30,7 @@ from argosy.runner.attention import grouped_decode_attention
 
 log = logging.getLogger("argosy.runner")
 
-MIN_ROWS = 2  # a dynamic batch dimension must never be 1 (it would specialise)
+MIN_BLOCKS = 2  # block tables are padded to this, so their dynamic length is never 1
 
 
 @torch.library.custom_op("argosy::paged_decode_attention", mutates_args=("k_cache", "v_cache"))
@@ -123,8 +124,9 @@ class CompiledDecoder:
         k_all: torch.Tensor,
         v_all: torch.Tensor,
     ) -> torch.Tensor:
-        for t in (input_ids, cos, sin, slots, mask):
-            torch._dynamo.mark_dynamic(t, 0)
+        if input_ids.shape[0] > 1:  # one row: its own static graph
+            for t in (input_ids, cos, sin, slots, mask):
+                torch._dynamo.mark_dynamic(t, 0)
         torch._dynamo.mark_dynamic(block_ids, 0)
         torch._dynamo.mark_dynamic(mask, 3)
         logits: torch.Tensor = self.fn(input_ids, cos, sin, slots, block_ids, mask, k_all, v_all)
@@ -145,7 +147,7 @@ class CompiledDecoder:
         started = time.perf_counter()
         try:
             for i, count in enumerate(row_counts):
-                rows, blocks = max(count, MIN_ROWS), 2 + i
+                rows, blocks = count, MIN_BLOCKS + i
                 ids = torch.zeros(rows, dtype=torch.long)
                 positions = torch.zeros(rows, dtype=torch.long)
                 cos, sin = self.graph.model.rope(positions, dtype)

@@ -18,7 +18,7 @@ from argosy.engine.scheduler import ScheduledRequest, SchedulerOutput
 from argosy.engine.sequence import Sequence
 from argosy.models.llama import DecoderForCausalLM
 from argosy.runner.attention import AttentionMetadata, PrefillChunk
-from argosy.runner.compiled import MIN_ROWS, CompiledDecoder
+from argosy.runner.compiled import MIN_BLOCKS, CompiledDecoder
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
 from argosy.runner.spec_decode import Verified, verify_batch
 
@@ -70,7 +70,7 @@ class ModelRunner:
         self.dtype = dtype
         self.device = torch.device(device)
         cfg = model.config
-        # one extra block at the end: scratch space for the padding rows of compiled steps
+        # one extra block at the end: scratch space for compile warm-up rows and padded tables
         self.scratch_block = num_blocks
         shape = (cfg.num_layers, (num_blocks + 1) * block_size, cfg.num_kv_heads, cfg.head_dim)
         # one K and one V tensor for all layers; each layer works on its own view
@@ -141,8 +141,9 @@ class ModelRunner:
         bs = self.block_size
         self.num_compiled_steps += 1
         n = sum(r.num_new_tokens for r in batch)
-        rows = max(n, MIN_ROWS)  # padding rows read and write only the scratch block
-        max_blocks = max(len(r.seq.block_table) for r in batch)
+        rows = n
+        # padding entries of a block table point at the scratch block (masked out)
+        max_blocks = max(MIN_BLOCKS, *(len(r.seq.block_table) for r in batch))
         block_ids = torch.full((rows, max_blocks), self.scratch_block, dtype=torch.long)
         positions = torch.zeros(rows, dtype=torch.long)
         slots = torch.full((rows,), self.scratch_block * bs, dtype=torch.long)
@@ -157,7 +158,7 @@ class ModelRunner:
                 ids[row] = seq.token_at(pos)
                 row += 1
         ctx = max_blocks * bs
-        mask = torch.arange(ctx).unsqueeze(0) <= positions.unsqueeze(1)  # padding rows: position 0
+        mask = torch.arange(ctx).unsqueeze(0) <= positions.unsqueeze(1)
         cos, sin = self.model.rope(positions, self.dtype)
         logits = compiled(
             ids, cos, sin, slots, block_ids.view(-1), mask.view(rows, 1, 1, ctx), self.k_all, self.v_all
