@@ -15,7 +15,8 @@ from typing import Any
 
 from argosy.api.chat_channels import ChannelSpec
 from argosy.api.constraints import GuideFactory, plan_constraints, reasoning_aware
-from argosy.api.core import Core, CoreRequest
+from argosy.api.core import Core
+from argosy.api.core_stream import CoreRequest
 from argosy.chat.messages import ChatInput
 from argosy.chat.parsing import prompt_opens_reasoning
 from argosy.sampling_params import RequestSampling

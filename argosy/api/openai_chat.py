@@ -28,7 +28,8 @@ from argosy.api.admission import QOS_HEADER, request_qos
 from argosy.api.chat_request import prepare_chat
 from argosy.api.constraints import check_chat_options
 from argosy.api.conversation import chat_message_events
-from argosy.api.core import CollectedChoice, Core, CoreRequest, CoreStream, collect
+from argosy.api.core import Core
+from argosy.api.core_stream import CollectedChoice, CoreRequest, CoreStream, collect
 from argosy.api.openai_chat_input import chat_input_from_wire
 from argosy.api.openai_common import (
     SamplingFields,

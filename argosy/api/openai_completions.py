@@ -21,7 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from argosy.api.admission import QOS_HEADER, request_qos
-from argosy.api.core import Core, CoreRequest, CoreStream, collect
+from argosy.api.core import Core
+from argosy.api.core_stream import CoreRequest, CoreStream, collect
 from argosy.api.openai_common import (
     SamplingFields,
     degraded_headers,

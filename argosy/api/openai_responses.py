@@ -32,7 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from argosy.api.admission import QOS_HEADER, request_qos
-from argosy.api.core import Core, CoreStream
+from argosy.api.core import Core
+from argosy.api.core_stream import CoreStream
 from argosy.api.errors import internal_error, openai_error_body
 from argosy.api.openai_common import degraded_headers
 from argosy.api.responses_items import conversation_items, input_events, output_items

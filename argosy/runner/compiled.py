@@ -111,7 +111,6 @@ class CompiledDecoder:
         # peak memory for a one-off start-up cost
         torch._inductor.config.compile_threads = 1
         self.fn = torch.compile(self.graph, dynamic=False, fullgraph=True)
-        self.ready = False
 
     def __call__(
         self,
@@ -159,6 +158,5 @@ class CompiledDecoder:
         except Exception as exc:  # noqa: BLE001 - any compiler failure means: stay eager
             log.warning("torch.compile of the decode step failed (%s); decoding eagerly", exc)
             return False
-        self.ready = True
         log.info("decode step compiled in %.1fs", time.perf_counter() - started)
         return True

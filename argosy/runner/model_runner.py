@@ -8,6 +8,7 @@ scheduler's call.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,39 +110,50 @@ class ModelRunner:
             meta, input_ids = meta.to(self.device), input_ids.to(self.device)
         hidden = self.model(input_ids, self.kv_caches, meta)
         result = StepResult()
-        sampling = [(i, r) for i, r in enumerate(batch) if r.is_sampling and not r.num_spec_tokens]
         offsets = self._token_offsets(batch)
         for i, req in enumerate(batch):
             if req.seq.params.prompt_logprobs is not None:
                 lps = self._prompt_logprobs(hidden, offsets[i], req)
                 if lps:
                     result.prompt_logprobs[req.seq.request_id] = lps
-        if sampling:
-            last = torch.tensor([offsets[i] + r.num_new_tokens - 1 for i, r in sampling], dtype=torch.long)
+
+        def logits_at(rows: list[int]) -> torch.Tensor:
             # sampling runs on the host (per-request CPU generators keep seeds device-independent)
-            logits = self.model.compute_logits(hidden[last.to(hidden.device)]).cpu()
+            index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
+            return self.model.compute_logits(hidden[index]).cpu()
+
+        self._sample_and_verify(batch, offsets, logits_at, result)
+        return result
+
+    def _sample_and_verify(
+        self,
+        batch: list[ScheduledRequest],
+        offsets: list[int],
+        logits_at: Callable[[list[int]], torch.Tensor],
+        result: StepResult,
+    ) -> None:
+        """Sample the next token of each sampling request (at its last row) and verify each
+        draft (at every row of its chunk); `logits_at(rows)` gives float32 logits on the host."""
+        sampling = [(i, r) for i, r in enumerate(batch) if r.is_sampling and not r.num_spec_tokens]
+        if sampling:
+            logits = logits_at([offsets[i] + r.num_new_tokens - 1 for i, r in sampling])
             rows = [self._sampling_row(r.seq) for _, r in sampling]
             for (_, req), sampled in zip(sampling, self.sampler(logits, rows), strict=True):
                 result.sampled[req.seq.request_id] = sampled
         drafted = [(i, r) for i, r in enumerate(batch) if r.num_spec_tokens]
-        if drafted:  # speculative verification: logits at every position of each chunk
-            rows_index = [offsets[i] + j for i, r in drafted for j in range(r.num_new_tokens)]
-            index = torch.tensor(rows_index, dtype=torch.long, device=hidden.device)
-            logits = self.model.compute_logits(hidden[index]).cpu()
+        if drafted:
+            logits = logits_at([offsets[i] + j for i, r in drafted for j in range(r.num_new_tokens)])
             requests = [(r.seq, r.seq.spec_token_ids) for _, r in drafted]
-            for (_, req), verified in zip(
-                drafted, verify_batch(self.sampler, logits, requests, self._sampling_row), strict=True
-            ):
-                result.verified[req.seq.request_id] = verified
-        return result
+            verified = verify_batch(self.sampler, logits, requests, self._sampling_row)
+            for (_, req), outcome in zip(drafted, verified, strict=True):
+                result.verified[req.seq.request_id] = outcome
 
     def _execute_compiled(self, batch: list[ScheduledRequest], compiled: CompiledDecoder) -> StepResult:
         """Decode rows only: one per decoding sequence, or one per token of a draft (each row
         sees the context up to itself, as in the eager path)."""
         bs = self.block_size
         self.num_compiled_steps += 1
-        n = sum(r.num_new_tokens for r in batch)
-        rows = n
+        rows = sum(r.num_new_tokens for r in batch)
         # padding entries of a block table point at the scratch block (masked out)
         max_blocks = max(MIN_BLOCKS, *(len(r.seq.block_table) for r in batch))
         block_ids = torch.full((rows, max_blocks), self.scratch_block, dtype=torch.long)
@@ -162,22 +174,10 @@ class ModelRunner:
         cos, sin = self.model.rope(positions, self.dtype)
         logits = compiled(
             ids, cos, sin, slots, block_ids.view(-1), mask.view(rows, 1, 1, ctx), self.k_all, self.v_all
-        )[:n].float()
+        ).float()
         result = StepResult()
         offsets = self._token_offsets(batch)
-        plain = [(i, r) for i, r in enumerate(batch) if not r.num_spec_tokens]
-        if plain:
-            sampling_rows = [self._sampling_row(r.seq) for _, r in plain]
-            chosen = logits[torch.tensor([offsets[i] for i, _ in plain], dtype=torch.long)]
-            for (_, req), sampled in zip(plain, self.sampler(chosen, sampling_rows), strict=True):
-                result.sampled[req.seq.request_id] = sampled
-        drafted = [(i, r) for i, r in enumerate(batch) if r.num_spec_tokens]
-        if drafted:
-            index = torch.tensor([offsets[i] + j for i, r in drafted for j in range(r.num_new_tokens)])
-            requests = [(r.seq, r.seq.spec_token_ids) for _, r in drafted]
-            verified = verify_batch(self.sampler, logits[index], requests, self._sampling_row)
-            for (_, req), outcome in zip(drafted, verified, strict=True):
-                result.verified[req.seq.request_id] = outcome
+        self._sample_and_verify(batch, offsets, lambda at: logits[torch.tensor(at, dtype=torch.long)], result)
         return result
 
     @staticmethod

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from argosy.api.core import Core, CoreRequest, _offset_seed, collect
+from argosy.api.core import Core, _offset_seed
+from argosy.api.core_stream import CoreRequest, collect
 from argosy.chat.events import Finish, PromptEcho, TextDelta
 from argosy.config import EngineConfig, ServerConfig
 from argosy.engine.async_engine import AsyncEngine

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from argosy.api.core import Core, CoreRequest, CoreStream
+from argosy.api.core import Core
+from argosy.api.core_stream import CoreRequest, CoreStream
 from argosy.api.sessions_bridge import SessionRecorder, SessionSpec
 from argosy.chat.events import Finish
 from argosy.config import EngineConfig, ServerConfig

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from argosy.api.core import Core, CoreRequest
+from argosy.api.core import Core
+from argosy.api.core_stream import CoreRequest
 from argosy.api.openai_common import usage_json
 from argosy.chat.events import Finish
 from argosy.config import EngineConfig, OperatorSampling, ServerConfig
