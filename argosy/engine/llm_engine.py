@@ -25,7 +25,7 @@ from argosy.errors import ContextLengthExceededError, InvalidRequestError, Model
 from argosy.models.gguf_quant import INT4_FILE
 from argosy.models.llama import DecoderForCausalLM
 from argosy.models.packed_linear import PackedLinear, apply_packing, packing_supported
-from argosy.models.quantize import apply_int4, apply_int8
+from argosy.models.quantize import apply_int4, apply_int8, apply_int8_head
 from argosy.models.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
@@ -105,6 +105,8 @@ def _quantize(
         count = apply_int8(model, dtype)
     elif blocks_file.exists():
         count = apply_int4(model, load_file(str(blocks_file)), dtype, max_int4_rows)
+        if dtype != torch.float32:  # float32 asks for precision: its head stays exact
+            apply_int8_head(model, dtype, max_int4_rows)
     elif mode == "int4":
         raise ModelLoadError("int4 uses a GGUF file's own Q4_0/Q4_1 blocks; this model has none (try int8)")
     else:
@@ -123,10 +125,15 @@ def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
     """How the projections are held, for /v1/models and the start-up log."""
     kinds = {type(m) for m in model.modules()}
     float_kind = str(dtype).removeprefix("torch.") + (" (oneDNN-packed)" if PackedLinear in kinds else "")
+    head = model.lm_head
+    int8_head = isinstance(head, Int8Linear) or (
+        isinstance(head, BatchSwitchLinear) and isinstance(head.small, Int8Linear)
+    )
+    int4 = "int4 (GGUF Q4 blocks)" + (", int8 output head" if int8_head else "")
     if BatchSwitchLinear in kinds:
-        return f"int4 (GGUF Q4 blocks) for steps of <= {MAX_INT4_ROWS} rows, {float_kind} above"
+        return f"{int4} for steps of <= {MAX_INT4_ROWS} rows, {float_kind} above"
     if Int4Linear in kinds:
-        return "int4 (GGUF Q4 blocks)"
+        return int4
     if Int8Linear in kinds:
         return "int8 (per channel)"
     return float_kind

@@ -16,6 +16,7 @@ from argosy.models.quantized_linear import BatchSwitchLinear
 from argosy.runner.attention import grouped_decode_attention
 from argosy.runner.compiled import paged_decode_attention
 from argosy.runner.model_runner import kv_bytes_per_block
+from argosy.runner.native import load_native_ops
 from argosy.sampling_params import SamplingParams
 from tests.unit.conftest import TinyModel
 from tests.unit.test_engine import assert_all_blocks_free, greedy, prompt, run
@@ -91,6 +92,54 @@ def test_paged_decode_attention_writes_the_cache_then_attends() -> None:
         torch.testing.assert_close(out[row], want, atol=1e-5, rtol=1e-5)
     eager = grouped_decode_attention(q, k_cache, v_cache, tables.view(-1), mask, block_size)
     torch.testing.assert_close(out, eager)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_paged_decode_equals_the_python_op(dtype: torch.dtype) -> None:
+    """The C++ op (argosy/runner/csrc/paged_decode.cpp) is built on this machine and computes
+    what the Python op does: the same cache writes (bit-exact) and the same attention (fp32
+    accumulation in both; bf16 differs by output rounding only). Rows cover one block, many
+    blocks, a grouped-query ratio of 3, padding blocks masked out and unordered block ids."""
+    assert load_native_ops(), "the native ops did not build (see the log)"
+    torch.manual_seed(1)
+    block_size, kv_heads, heads, dim = 16, 3, 9, 64
+    lengths = torch.tensor([1, 17, 200, 64, 33])
+    max_blocks = int((lengths.max() + block_size - 1) // block_size) + 1
+    num_blocks = len(lengths) * max_blocks + 1
+    tables = torch.randperm(num_blocks)[: len(lengths) * max_blocks].view(len(lengths), max_blocks)
+    positions = lengths - 1
+    slots = tables[torch.arange(len(lengths)), positions // block_size] * block_size + positions % block_size
+    mask = (torch.arange(max_blocks * block_size).unsqueeze(0) < lengths.unsqueeze(1)).view(
+        len(lengths), 1, 1, -1
+    )
+    k_cache = torch.randn(num_blocks * block_size, kv_heads, dim, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(len(lengths), heads, dim, dtype=dtype)
+    k, v = (
+        torch.randn(len(lengths), kv_heads, dim, dtype=dtype),
+        torch.randn(len(lengths), kv_heads, dim, dtype=dtype),
+    )
+    caches = [(k_cache.clone(), v_cache.clone()) for _ in range(2)]
+    want = paged_decode_attention(q, k, v, *caches[0], slots, tables.view(-1), mask, block_size)
+    got = torch.ops.argosy_ext.paged_decode(q, k, v, *caches[1], slots, tables.view(-1), mask, block_size)
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+
+
+def test_native_paged_decode_rejects_bad_slots() -> None:
+    assert load_native_ops()
+    cache = torch.zeros(32, 1, 8)
+    q, kv = torch.zeros(1, 2, 8), torch.zeros(1, 1, 8)
+    mask = torch.ones(1, 1, 1, 16, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        torch.ops.argosy_ext.paged_decode(
+            q, kv, kv, cache, cache.clone(), torch.tensor([32]), torch.tensor([0]), mask, 16
+        )
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        torch.ops.argosy_ext.paged_decode(
+            q, kv, kv, cache, cache.clone(), torch.tensor([0]), torch.tensor([2]), mask, 16
+        )
 
 
 def test_batch_switch_linear_picks_by_rows() -> None:

@@ -1,0 +1,66 @@
+"""Argosy's native (C++) CPU ops, built on first use with torch's extension builder.
+
+`load_native_ops()` compiles argosy/runner/csrc/*.cpp once per machine (~30 s; the build is
+cached under ~/.cache/argosy/torch_extensions, keyed by the sources and flags, and shared
+by processes through a lock file) and registers the ops under torch.ops.argosy_ext. It
+returns False when there is no compiler or the build fails; callers then use the Python ops,
+which compute the same thing. ARGOSY_NATIVE=0 disables them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("argosy.runner")
+
+_SOURCES = [Path(__file__).parent / "csrc" / "paged_decode.cpp"]
+_state: dict[str, bool] = {}
+
+
+def build_dir() -> Path:
+    return Path.home() / ".cache" / "argosy" / "torch_extensions" / f"torch-{torch.__version__}"
+
+
+def load_native_ops() -> bool:
+    """Build (or reuse) and load the native ops; True when torch.ops.argosy_ext is usable."""
+    if "loaded" in _state:
+        return _state["loaded"]
+    _state["loaded"] = False
+    if os.environ.get("ARGOSY_NATIVE", "1") == "0":
+        log.info("native ops disabled (ARGOSY_NATIVE=0)")
+        return False
+    started = time.perf_counter()
+    try:
+        from torch.utils import cpp_extension
+
+        directory = build_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(
+            name="argosy_native",
+            sources=[str(s) for s in _SOURCES],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a build error: fall back
+        log.warning("native ops unavailable (%s); using the Python ops", exc)
+        return False
+    _register_fakes()
+    _state["loaded"] = True
+    log.info("native ops loaded in %.1fs", time.perf_counter() - started)
+    return True
+
+
+def _register_fakes() -> None:
+    """Shapes for torch.compile's tracing (the C++ op has no meta kernel)."""
+
+    @torch.library.register_fake("argosy_ext::paged_decode")
+    def _(q, k, v, k_cache, v_cache, slots, block_ids, mask, block_size):  # type: ignore[no-untyped-def]
+        return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
