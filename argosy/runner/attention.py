@@ -129,11 +129,15 @@ class CpuPagedAttention:
             rows = torch.arange(chunk.num_query_tokens, device=device).unsqueeze(1) + offset
             mask = torch.arange(chunk.context_len, device=device).unsqueeze(0) <= rows
             causal = False
-        # (a grouped-query layout here, as in decode, measured no faster for a prefix-cache hit
-        # and changed bf16 rounding against a cold prefill of the same prompt)
-        kh = keys.transpose(0, 1).repeat_interleave(self.group, dim=0).unsqueeze(0)
-        vh = values.transpose(0, 1).repeat_interleave(self.group, dim=0).unsqueeze(0)
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal)
+        # enable_gqa: SDPA maps each query head to its KV head itself, bit-identical to
+        # repeating K/V per query head and ~1.6x faster for a short chunk over a long context
+        # (no 3x copy of the context). (A layout with the query group as extra query rows,
+        # as in decode, changed bf16 rounding against a cold prefill of the same prompt.)
+        kh = keys.transpose(0, 1).unsqueeze(0)
+        vh = values.transpose(0, 1).unsqueeze(0)
+        out = F.scaled_dot_product_attention(
+            qh, kh, vh, attn_mask=mask, is_causal=causal, enable_gqa=self.group > 1
+        )
         return out.squeeze(0).transpose(0, 1)
 
 

@@ -17,7 +17,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 namespace {
@@ -83,8 +82,8 @@ void attend(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
       std::vector<float> inv_sum(group);
       for (int64_t g = 0; g < group; ++g) {
         float* s = scores.data() + g * n;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+        float mx = s[0];
+        for (int64_t j = 1; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
         float sum = 0.0f;
         for (int64_t j = 0; j < n; ++j) {
           s[j] = std::exp(s[j] - mx);
