@@ -6,7 +6,9 @@ torch 2.13 on this machine's AVX-512 bf16 cores), for any batch size, with the s
 
 The packed weight is an opaque MKLDNN tensor, which torch.compile cannot trace, so the call
 goes through a custom op that finds the weight by key: compiled graphs keep a dynamic batch
-dimension (inductor only packs weights itself for static shapes) and stay one graph.
+dimension (inductor only packs weights itself for static shapes) and stay one graph. The op
+is the C++ one (argosy/runner/csrc/packed_linear.cpp) when the native ops build: the Python
+op's own layer cost ~30-100 us a call, 121 calls a decode step.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import weakref
 
 import torch
 from torch import nn
+
+from argosy.runner.native import load_native_ops
 
 _PACKED: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 _KEYS = itertools.count()
@@ -40,15 +44,19 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
-        self.key = next(_KEYS)
-        _PACKED[self.key] = self.packed
+        if load_native_ops():
+            self.key = torch.ops.argosy_ext.register_packed(self.packed)
+            self.op = torch.ops.argosy_ext.packed_linear
+            weakref.finalize(self, torch.ops.argosy_ext.release_packed, self.key)
+        else:
+            self.key = next(_KEYS)
+            _PACKED[self.key] = self.packed
+            self.op = torch.ops.argosy.packed_linear
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        out = torch.ops.argosy.packed_linear(
-            x.reshape(-1, self.in_features), self.key, self.out_features, self.bias
-        )
+        out = self.op(x.reshape(-1, self.in_features), self.key, self.out_features, self.bias)
         return out.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

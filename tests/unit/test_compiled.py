@@ -142,6 +142,22 @@ def test_native_paged_decode_rejects_bad_slots() -> None:
         )
 
 
+@pytest.mark.skipif(not packing_supported(torch.bfloat16, "cpu"), reason="no oneDNN bf16 on this CPU")
+def test_packed_linear_runs_the_native_op_and_releases_its_weight() -> None:
+    assert load_native_ops()
+    torch.manual_seed(0)
+    weight, bias = torch.randn(40, 64, dtype=torch.bfloat16), torch.randn(40, dtype=torch.bfloat16)
+    layer = PackedLinear(weight, bias)
+    assert layer.op is torch.ops.argosy_ext.packed_linear
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    expected = torch.ops.mkldnn._linear_pointwise(x, layer.packed, layer.bias, "none", [], "")
+    assert torch.equal(layer(x), expected)
+    key = layer.key
+    del layer
+    with pytest.raises(RuntimeError, match="no packed weight under key"):
+        torch.ops.argosy_ext.packed_linear(x, key, 40, None)
+
+
 def test_batch_switch_linear_picks_by_rows() -> None:
     small, large = nn.Linear(8, 3, bias=False), nn.Linear(8, 3, bias=False)
     layer = BatchSwitchLinear(small, large, max_small_rows=4)
