@@ -46,11 +46,18 @@ class Int4Linear(nn.Module):
 class Int8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         super().__init__()
-        w = weight.detach().float()
-        scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-        self.register_buffer("weight_int8", torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8))
+        self.out_features, self.in_features = weight.shape
+        codes = torch.empty(weight.shape, dtype=torch.int8)
+        scales = torch.empty(self.out_features)
+        # a few thousand rows at a time: a float32 copy of a whole output head (49k x 576)
+        # would add ~340 MB of temporaries to the server's peak memory at load
+        for start in range(0, self.out_features, 4096):
+            w = weight.detach()[start : start + 4096].float()
+            part = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+            codes[start : start + 4096] = torch.round(w / part[:, None]).clamp(-127, 127).to(torch.int8)
+            scales[start : start + 4096] = part
+        self.register_buffer("weight_int8", codes)
         self.register_buffer("scales", scales.to(dtype))
-        self.in_features, self.out_features = w.shape[1], w.shape[0]
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from argosy.engine.outputs import TokenLogprob
 from argosy.engine.scheduler import ScheduledRequest, SchedulerOutput
 from argosy.engine.sequence import Sequence
 from argosy.models.llama import DecoderForCausalLM
-from argosy.runner.attention import AttentionMetadata, PrefillChunk
+from argosy.runner.attention import AttentionMetadata, ContextBatch, PrefillChunk
 from argosy.runner.compiled import MIN_BLOCKS, CompiledDecoder
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
 from argosy.runner.spec_decode import Verified, verify_batch
@@ -228,6 +228,8 @@ class ModelRunner:
         positions = torch.tensor(pos, dtype=torch.long)
         cos, sin = self.model.rope(positions, self.dtype)
         meta = AttentionMetadata(torch.cat(slot_parts), cos, sin, prefills=prefills)
+        if ContextBatch.worth_it(prefills):
+            meta.context_batch = ContextBatch.build(prefills)
         if decode_tables:
             self._prepare_decodes(meta, decode_tables, decode_lens)
         return meta, torch.tensor(ids, dtype=torch.long), positions

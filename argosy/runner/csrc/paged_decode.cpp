@@ -10,6 +10,11 @@
 // Shapes: q [B, H, D]; k, v [B, KVH, D]; k_cache, v_cache [slots, KVH, D] (contiguous);
 // slots [B] int64; block_ids [B * max_blocks] int64; mask [B, 1, 1, max_blocks * block_size]
 // bool. Returns [B, H * D] in q's dtype. Scores, softmax and the weighted sum are in fp32.
+//
+// With AVX-512 BF16 (this machine) a bf16 cache takes a vector path: q.k with the bf16-pair
+// dot-product instruction, 16 positions reduced together, and the weighted sum of V with
+// its accumulators in registers; other dtypes and CPUs take the plain loops (the compiler
+// vectorises them). The build uses -march=native: the library is built per machine.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -17,6 +22,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -35,6 +41,96 @@ inline void to_float<at::BFloat16>(const at::BFloat16* src, float* dst, int64_t 
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define ARGOSY_AVX512_BF16 1
+#include <immintrin.h>
+
+// 16 vectors of 16 partial sums -> one vector whose lane i is the total of v[i]
+inline __m512 reduce16(const __m512* v) {
+  __m512 pairs[8], quads[4], halves[2];
+  for (int i = 0; i < 8; ++i)  // lane-wise [a0 b0 a1 b1] + [a2 b2 a3 b3]
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per 128-bit lane: the 4 rows' sums over that lane
+    quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int i = 0; i < 2; ++i)
+    halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(halves[0], halves[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// scores[g * n + j] = scale * q_g . k_j for bf16 q and cache: the bf16 pairs' dot-product
+// instruction on 16 positions at a time, reduced together (no per-position horizontal sum)
+inline void bf16_scores(const at::BFloat16* q, const at::BFloat16* k_cache, const int64_t* slot_of, int64_t n,
+                        int64_t group, int64_t dim, int64_t slot_stride, int64_t head_offset, float scale,
+                        float* scores) {
+  const int64_t chunks = dim / 32;
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  for (int64_t g = 0; g < group; ++g) {
+    __m512bh qv[8];
+    for (int64_t c = 0; c < chunks; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q + g * dim + c * 32);
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+      const int64_t count = n - j0 < 16 ? n - j0 : 16;
+      __m512 acc[16];
+      for (int64_t jj = 0; jj < 16; ++jj) {
+        acc[jj] = _mm512_setzero_ps();
+        if (jj >= count) continue;
+        const at::BFloat16* krow = k_cache + slot_of[j0 + jj] * slot_stride + head_offset;
+        for (int64_t c = 0; c < chunks; ++c)
+          acc[jj] = _mm512_dpbf16_ps(acc[jj], qv[c], (__m512bh)_mm512_loadu_si512(krow + c * 32));
+      }
+      const __m512 total = _mm512_mul_ps(reduce16(acc), scale_v);
+      _mm512_mask_storeu_ps(scores + g * n + j0, static_cast<__mmask16>((1u << count) - 1u), total);
+    }
+  }
+}
+
+// acc[g * dim + d] = sum_j scores[g * n + j] * v_j[d], the accumulators held in registers
+template <int G, int DC>
+void bf16_weighted_sum(const at::BFloat16* v_cache, const int64_t* slot_of, int64_t n, const float* scores,
+                       int64_t slot_stride, int64_t head_offset, float* acc_out) {
+  __m512 acc[G][DC];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < DC; ++c) acc[g][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const at::BFloat16* vrow = v_cache + slot_of[j] * slot_stride + head_offset;
+    __m512 v[DC];
+    for (int c = 0; c < DC; ++c)
+      v[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow + c * 16))), 16));
+    for (int g = 0; g < G; ++g) {
+      const __m512 p = _mm512_set1_ps(scores[g * n + j]);
+      for (int c = 0; c < DC; ++c) acc[g][c] = _mm512_fmadd_ps(p, v[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < DC; ++c) _mm512_storeu_ps(acc_out + (g * DC + c) * 16, acc[g][c]);
+}
+
+using WeightedSum = void (*)(const at::BFloat16*, const int64_t*, int64_t, const float*, int64_t, int64_t, float*);
+
+inline WeightedSum pick_weighted_sum(int64_t group, int64_t dim) {
+  if (dim == 64) {
+    switch (group) {
+      case 1: return bf16_weighted_sum<1, 4>;
+      case 2: return bf16_weighted_sum<2, 4>;
+      case 3: return bf16_weighted_sum<3, 4>;
+      case 4: return bf16_weighted_sum<4, 4>;
+    }
+  } else if (dim == 128) {
+    switch (group) {
+      case 1: return bf16_weighted_sum<1, 8>;
+      case 2: return bf16_weighted_sum<2, 8>;
+      case 3: return bf16_weighted_sum<3, 8>;
+      case 4: return bf16_weighted_sum<4, 8>;
+    }
+  }
+  return nullptr;
+}
+#endif
+
 template <typename scalar_t>
 void attend(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache, const int64_t* block_ids,
             const bool* mask, scalar_t* out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
@@ -44,6 +140,10 @@ void attend(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
   const int64_t slot_stride = kv_heads * dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
   const int64_t tasks = batch * kv_heads;
+  [[maybe_unused]] const bool fast_bf16 = dim % 32 == 0 && dim <= 256;
+#ifdef ARGOSY_AVX512_BF16
+  const WeightedSum weighted_sum = pick_weighted_sum(group, dim);
+#endif
   // small steps run on the calling thread: waking the pool costs more than the work
   int64_t visible = 0;
   for (int64_t i = 0; i < batch * ctx; ++i) visible += mask[i];
@@ -66,17 +166,29 @@ void attend(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
         for (int64_t i = 0; i < group * dim; ++i) dst[i] = scalar_t(0.0f);
         continue;
       }
-      to_float(q + (b * heads + h * group) * dim, qf.data(), group * dim);
-      for (int64_t i = 0; i < group * dim; ++i) qf[i] *= scale;
       scores.resize(group * n);
-      for (int64_t j = 0; j < n; ++j) {
-        to_float(k_cache + slot_of[j] * slot_stride + h * dim, row.data(), dim);
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qg = qf.data() + g * dim;
-          float s = 0.0f;
+      bool scored = false;
+#ifdef ARGOSY_AVX512_BF16
+      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+        if (fast_bf16) {
+          bf16_scores(q + (b * heads + h * group) * dim, k_cache, slot_of.data(), n, group, dim, slot_stride,
+                      h * dim, scale, scores.data());
+          scored = true;
+        }
+      }
+#endif
+      if (!scored) {
+        to_float(q + (b * heads + h * group) * dim, qf.data(), group * dim);
+        for (int64_t i = 0; i < group * dim; ++i) qf[i] *= scale;
+        for (int64_t j = 0; j < n; ++j) {
+          to_float(k_cache + slot_of[j] * slot_stride + h * dim, row.data(), dim);
+          for (int64_t g = 0; g < group; ++g) {
+            const float* qg = qf.data() + g * dim;
+            float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < dim; ++d) s += qg[d] * row[d];
-          scores[g * n + j] = s;
+            for (int64_t d = 0; d < dim; ++d) s += qg[d] * row[d];
+            scores[g * n + j] = s;
+          }
         }
       }
       std::vector<float> inv_sum(group);
@@ -91,8 +203,17 @@ void attend(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache,
         }
         inv_sum[g] = 1.0f / sum;
       }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < n; ++j) {
+      bool summed = false;
+#ifdef ARGOSY_AVX512_BF16
+      if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+        if (weighted_sum != nullptr) {
+          weighted_sum(v_cache, slot_of.data(), n, scores.data(), slot_stride, h * dim, acc.data());
+          summed = true;
+        }
+      }
+#endif
+      if (!summed) std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t j = 0; j < (summed ? 0 : n); ++j) {
         to_float(v_cache + slot_of[j] * slot_stride + h * dim, row.data(), dim);
         for (int64_t g = 0; g < group; ++g) {
           const float p = scores[g * n + j];
