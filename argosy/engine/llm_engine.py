@@ -7,13 +7,12 @@ drives it from a single thread.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import time
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from argosy.config import QOS_CLASSES, EngineConfig
@@ -29,6 +28,7 @@ from argosy.models.quantize import apply_int4, apply_int8, apply_int8_head
 from argosy.models.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
+from argosy.runner.memory import release_free_memory
 from argosy.runner.model_runner import ModelRunner, StepResult, kv_bytes_per_block
 from argosy.runner.spec_decode import NgramProposer, Verified
 from argosy.runner.structured import TokenGuide
@@ -74,8 +74,11 @@ def load_model(
         raise ModelLoadError(f"no *.safetensors files in {source.weights_dir}")
 
     def weights():  # type: ignore[no-untyped-def]
+        # one tensor at a time: a whole file in memory at once raised the load's peak RSS
         for file in files:
-            yield from load_file(str(file)).items()
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
+                    yield name, f.get_tensor(name)
 
     model.load_weights(weights())
     model = model.to(device=device, dtype=dtype).eval()
@@ -112,13 +115,6 @@ def _quantize(
     else:
         return  # auto without 4-bit blocks: keep the float weights
     log.info("quantization %s: %d projection layers", mode, count)
-
-
-def release_free_memory() -> None:
-    """Give the heap's free pages back to the OS (glibc keeps them after loading and
-    compiling, which would otherwise stay in the server's RSS for its whole life)."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
