@@ -30,7 +30,7 @@ import torch
 import torch._inductor.config
 from torch import nn
 
-from argosy.models.llama import DecoderForCausalLM, DecoderLayer, apply_rope
+from argosy.models.llama import DecoderForCausalLM, DecoderLayer
 from argosy.runner.attention import grouped_decode_attention
 from argosy.runner.memory import release_free_memory
 from argosy.runner.native import load_native_ops
@@ -92,20 +92,12 @@ class DecodeGraph(nn.Module):
         v_all: torch.Tensor,
     ) -> torch.Tensor:
         model = self.model
-        n = input_ids.shape[0]
         x = model.embed_tokens(input_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         for i, module in enumerate(model.layers):
             layer = cast(DecoderLayer, module)
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q, k, v = attn.qkv_proj(h).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-            q = q.view(n, attn.num_heads, attn.head_dim)
-            k = k.view(n, attn.num_kv_heads, attn.head_dim)
-            v = v.view(n, attn.num_kv_heads, attn.head_dim)
-            if attn.q_norm is not None and attn.k_norm is not None:
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k, v = attn.project(layer.input_layernorm(x), cos, sin)
             out = self.attention(q, k, v, k_all[i], v_all[i], slots, block_ids, mask, self.block_size)
             x = x + attn.o_proj(out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
