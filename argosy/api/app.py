@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse
 from argosy.api import admin, openai_chat, openai_completions, openai_models, openai_responses
 from argosy.api.core import Core
 from argosy.api.errors import APIError, headers_of, internal_error, openai_error_body, status_of
-from argosy.api.transport import BodyLimitMiddleware, RequestIdMiddleware
+from argosy.api.transport import ArrivalMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from argosy.config import ServerConfig
 from argosy.errors import ArgosyError, InvalidRequestError
 
@@ -74,6 +74,10 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response(request.url.path, internal_error(exc))
 
 
+# the routes that start generations (counted as arriving at the engine, see ArrivalMiddleware)
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+
+
 def build_app(core: Core, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="Argosy", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.core = core
@@ -84,6 +88,7 @@ def build_app(core: Core, config: ServerConfig) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(Exception, _on_unexpected)
     # Added last = outermost: the request id is on every response, 413s included.
+    app.add_middleware(ArrivalMiddleware, arriving=core.arriving, paths=GENERATION_PATHS)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, render=error_response)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -31,6 +31,7 @@ from argosy.api.token_text import TokenTexts
 from argosy.chat.profile import ChatProfile
 from argosy.chat.template import ChatTemplate
 from argosy.config import EngineConfig, ServerConfig
+from argosy.engine.arrivals import Arrival
 from argosy.engine.outputs import EngineStats
 from argosy.errors import ArgosyError, EngineDeadError, InvalidRequestError, NotFoundError
 from argosy.sampling_params import (
@@ -127,6 +128,11 @@ class Core:
         if self._engine is None:
             return "loading"
         return "ready" if self._engine.is_alive else "dead"
+
+    def arriving(self) -> Arrival:
+        """A generation request on its way to the engine (see AsyncEngine.arriving)."""
+        engine = self._engine
+        return engine.arriving() if engine is not None and engine.is_alive else Arrival()
 
     def require_engine(self) -> AsyncEngine:
         if self._engine is not None:

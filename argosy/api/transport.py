@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from argosy.api.errors import APIError, from_validation_error
+from argosy.engine.arrivals import Arrival, current_arrival
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 T = TypeVar("T")
@@ -97,6 +98,29 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+class ArrivalMiddleware:
+    """Counts each POST to a generation route as arriving at the engine from its start until
+    it reaches the engine (AsyncEngine.generate marks it) or its response ends, so an idle
+    engine can wait for a burst's stragglers (argosy/engine/async_engine.py)."""
+
+    def __init__(self, app: ASGIApp, arriving: Callable[[], Arrival], paths: tuple[str, ...]) -> None:
+        self.app = app
+        self.arriving = arriving
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        arrival = self.arriving()
+        token = current_arrival.set(arrival)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            arrival.done()
+            current_arrival.reset(token)
 
 
 async def read_model(request: Request, model: type[ModelT]) -> ModelT:

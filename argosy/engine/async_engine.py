@@ -5,6 +5,13 @@ the engine thread, and yields RequestOutputs as they arrive — with text deltas
 strings applied when the request asks for detokenization. Leaving the iteration early
 (client gone, task cancelled) aborts the request; the engine frees its blocks at the start
 of its next step. The engine thread is the only one that touches LLMEngine.
+
+Arrivals: requests on their way to the engine (the HTTP layer has them, their prompt is still
+being rendered and tokenized) are counted (`arriving()`). When an idle engine wakes for a new
+request while others are still arriving, it waits for them, up to ARRIVAL_WINDOW_S, so a burst
+is prefilled in one step: measured with 8 clients at once, the first request started alone
+and the other seven, ~6 ms behind it, waited for its whole prefill step. A request arriving
+alone never waits.
 """
 
 from __future__ import annotations
@@ -15,9 +22,11 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from argosy.engine.arrivals import Arrival, current_arrival
 from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.output_processor import OutputProcessor
 from argosy.engine.outputs import EngineStats, RequestOutput
@@ -27,6 +36,8 @@ from argosy.sampling_params import SamplingParams
 
 log = logging.getLogger("argosy.engine")
 _request_counter = itertools.count()
+
+ARRIVAL_WINDOW_S = 0.02
 
 
 @dataclass(slots=True)
@@ -70,6 +81,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
+        self._num_arriving = 0
         self._stopped = False
         self.dead_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="argosy-engine", daemon=True)
@@ -89,6 +101,17 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         with self._lock:
             return len(self._streams)
+
+    def arriving(self) -> Arrival:
+        """Count a request that will reach `generate()` soon (see the module doc)."""
+        with self._lock:
+            self._num_arriving += 1
+        return Arrival(self._arrived)
+
+    def _arrived(self) -> None:
+        with self._lock:
+            self._num_arriving -= 1
+        self._wakeup.set()
 
     async def generate(
         self,
@@ -110,6 +133,9 @@ class AsyncEngine:
             self._streams[request_id] = stream
         processor = OutputProcessor(self.engine.source.tokenizer, prompt_token_ids, params)
         self._send(_Add(request_id, list(prompt_token_ids), params, qos, guide))
+        arrival = current_arrival.get()
+        if arrival is not None:
+            arrival.done()
         finished = False
         try:
             while not finished:
@@ -158,6 +184,19 @@ class AsyncEngine:
             except ArgosyError as exc:  # a bad request fails alone
                 stream.put(exc)
 
+    def _await_arrivals(self) -> None:
+        """Before an idle engine's first step: let the requests still arriving join it."""
+        deadline = time.monotonic() + ARRIVAL_WINDOW_S
+        while True:
+            with self._lock:
+                num_arriving = self._num_arriving
+            remaining = deadline - time.monotonic()
+            if num_arriving <= 0 or remaining <= 0:
+                return
+            self._wakeup.wait(remaining)
+            self._wakeup.clear()
+            self._drain_inbox()
+
     def _run(self) -> None:
         try:
             if self._build is not None:
@@ -168,11 +207,17 @@ class AsyncEngine:
         finally:
             self._built.set()
         try:
+            idle = True
             while not self._stopped:
                 self._drain_inbox()
                 if not self.engine.has_unfinished():
+                    idle = True
                     self._wakeup.wait()
                     self._wakeup.clear()
+                    continue
+                if idle:
+                    idle = False
+                    self._await_arrivals()
                     continue
                 for out in self.engine.step():
                     with self._lock:

@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 from argosy.api.app import build_app
 from argosy.api.core import Core
 from argosy.config import EngineConfig, OperatorSampling, ServerConfig
+from argosy.engine.arrivals import Arrival
 
 LIMIT = 4096
 GOOD_CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
@@ -150,3 +151,27 @@ def test_served_model_name_and_registered_name_are_both_accepted() -> None:
     assert core.resolve_model("tiny") == "tiny"
     assert core.resolve_model("smollm2") == "tiny"
     assert core.resolve_model(None) == "tiny"
+
+
+def test_generation_posts_are_counted_as_arriving_until_they_end(core: Core) -> None:
+    """ArrivalMiddleware: POSTs to generation routes count as arriving at the engine (here
+    the model is still loading, so each ends with a 503 and is marked done); other routes
+    and methods are not counted."""
+    counted: list[str] = []
+    finished: list[str] = []
+
+    def arriving() -> Arrival:
+        name = f"arrival-{len(counted)}"
+        counted.append(name)
+        return Arrival(lambda: finished.append(name))
+
+    core.arriving = arriving  # type: ignore[method-assign]
+    with TestClient(build_app(core, core.server_config), raise_server_exceptions=False) as test_client:
+        assert test_client.post("/v1/chat/completions", json=GOOD_CHAT).status_code == 503
+        assert (
+            test_client.post("/v1/completions", json={"model": "smollm2", "prompt": "x"}).status_code == 503
+        )
+        assert test_client.get("/v1/models").status_code == 200
+        assert test_client.get("/v1/chat/completions").status_code == 405
+        assert test_client.post("/v1/nowhere", json={}).status_code == 404
+    assert counted == finished == ["arrival-0", "arrival-1"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from argosy.engine.arrivals import Arrival, current_arrival
 from argosy.engine.async_engine import AsyncEngine
 from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.outputs import TokenLogprob
@@ -488,5 +489,59 @@ def test_async_engine_bad_request_raises_in_the_caller(tiny_qwen2: TinyModel) ->
 
     try:
         assert asyncio.run(main()) == tiny_qwen2.greedy([1, 2, 3], 4)
+    finally:
+        engine.shutdown()
+
+
+def test_an_idle_engine_waits_for_requests_still_arriving(tiny_qwen2: TinyModel) -> None:
+    """Two requests counted as arriving: the first reaches the engine at once, the second
+    a few ms later (inside ARRIVAL_WINDOW_S); both are prefilled in the engine's first step."""
+    engine = AsyncEngine(tiny_qwen2.engine())
+    steps: list[set[str]] = []
+    schedule = engine.engine.scheduler.schedule
+
+    def recording_schedule():  # type: ignore[no-untyped-def]
+        out = schedule()
+        steps.append({r.seq.request_id for r in out.scheduled})
+        return out
+
+    engine.engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+
+    async def consume(request_id: str, arrival: Arrival) -> None:
+        current_arrival.set(arrival)  # each task has its own context copy
+        async for _ in engine.generate(prompt(9, seed=7), greedy(3), request_id=request_id):
+            pass
+
+    async def main() -> None:
+        first, second = engine.arriving(), engine.arriving()
+        task = asyncio.ensure_future(consume("first", first))
+        await asyncio.sleep(0.005)
+        await consume("second", second)
+        await task
+
+    try:
+        asyncio.run(main())
+        assert steps[0] == {"first", "second"}
+        # a request that never reaches the engine (a bad body) stops being waited for
+        engine.arriving().done()
+        assert engine._num_arriving == 0
+    finally:
+        engine.shutdown()
+
+
+def test_a_request_arriving_alone_starts_without_waiting_for_a_straggler(tiny_qwen2: TinyModel) -> None:
+    """A counted arrival that never comes delays an idle engine by at most the window."""
+    engine = AsyncEngine(tiny_qwen2.engine())
+
+    async def main() -> list[int]:
+        straggler = engine.arriving()
+        tokens: list[int] = []
+        async for out in engine.generate(prompt(9, seed=8), greedy(3)):
+            tokens.extend(out.new_token_ids)
+        straggler.done()
+        return tokens
+
+    try:
+        assert asyncio.run(main()) == tiny_qwen2.greedy(prompt(9, seed=8), 3)
     finally:
         engine.shutdown()
