@@ -25,7 +25,7 @@ from argosy.models.gguf_quant import INT4_FILE
 from argosy.models.llama import DecoderForCausalLM
 from argosy.models.packed_linear import PackedLinear, apply_packing, packing_supported
 from argosy.models.quantize import apply_int4, apply_int8, apply_int8_head
-from argosy.models.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear
+from argosy.models.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear, native_qlinear
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
 from argosy.runner.memory import release_free_memory
@@ -49,8 +49,16 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return torch.bfloat16 if has_bf16 else torch.float32
 
 
-# int4 weights serve steps of up to this many rows; packed bf16 the rest (measured: bench/engine.py)
-MAX_INT4_ROWS = 4
+# int4 weights serve steps of up to this many rows, packed bf16 the rest: torch's int4 kernel
+# slows with every row (4 measured best, bench/engine.py); the native one (AMX) stays ahead
+# of the bf16 GEMM up to 32 (30 layers of SmolLM2's shapes, cold weights, ad-hoc
+# microbenchmark: 8 rows 7.6 vs 18.5 ms, 16 rows 8.7 vs 18.9, 32 rows 15.6 vs 22.7)
+MAX_INT4_ROWS_TORCH = 4
+MAX_INT4_ROWS_NATIVE = 32
+
+
+def max_int4_rows(dtype: torch.dtype) -> int:
+    return MAX_INT4_ROWS_NATIVE if native_qlinear(dtype) else MAX_INT4_ROWS_TORCH
 
 
 def load_model(
@@ -83,7 +91,7 @@ def load_model(
     model.load_weights(weights())
     model = model.to(device=device, dtype=dtype).eval()
     pack = pack and packing_supported(dtype, device)
-    _quantize(model, source, dtype, device, quantization, MAX_INT4_ROWS if pack else 0)
+    _quantize(model, source, dtype, device, quantization, max_int4_rows(dtype) if pack else 0)
     if pack:
         log.info(
             "packed %s weights: %d linear layers", str(dtype).removeprefix("torch."), apply_packing(model)
@@ -126,8 +134,9 @@ def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
         isinstance(head, BatchSwitchLinear) and isinstance(head.small, Int8Linear)
     )
     int4 = "int4 (GGUF Q4 blocks)" + (", int8 output head" if int8_head else "")
-    if BatchSwitchLinear in kinds:
-        return f"{int4} for steps of <= {MAX_INT4_ROWS} rows, {float_kind} above"
+    switches = [m for m in model.modules() if isinstance(m, BatchSwitchLinear)]
+    if switches:
+        return f"{int4} for steps of <= {switches[0].max_small_rows} rows, {float_kind} above"
     if Int4Linear in kinds:
         return int4
     if Int8Linear in kinds:
@@ -186,8 +195,10 @@ class LLMEngine:
             config.seed,
             config.device,
         )
-        # graphs: one row; up to MAX_INT4_ROWS; above (BatchSwitchLinear's branch)
-        self.compiled = config.compile == "on" and self.runner.compile_decode([1, 2, 3, MAX_INT4_ROWS + 1])
+        # graphs: one row; up to max_int4_rows; above (BatchSwitchLinear's branch)
+        self.compiled = config.compile == "on" and self.runner.compile_decode(
+            [1, 2, 3, max_int4_rows(self.dtype) + 1]
+        )
         self.weights = describe_weights(self.model, self.dtype)
         release_free_memory()
         self.sequences: dict[str, Sequence] = {}

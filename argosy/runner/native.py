@@ -18,7 +18,9 @@ import torch
 
 log = logging.getLogger("argosy.runner")
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("paged_decode.cpp", "packed_linear.cpp")]
+_SOURCES = [
+    Path(__file__).parent / "csrc" / name for name in ("paged_decode.cpp", "packed_linear.cpp", "qlinear.cpp")
+]
 _state: dict[str, bool] = {}
 
 
@@ -65,6 +67,14 @@ def _register_fakes() -> None:
     @torch.library.register_fake("argosy_ext::paged_decode")
     def _(q, k, v, k_cache, v_cache, slots, block_ids, mask, block_size):  # type: ignore[no-untyped-def]
         return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+
+    @torch.library.register_fake("argosy_ext::q4_linear")
+    def _(x, codes, scales, mins, out_features):  # type: ignore[no-untyped-def]
+        return x.new_empty(x.shape[0], out_features)
+
+    @torch.library.register_fake("argosy_ext::q8_linear")
+    def _(x, codes, scales, out_features):  # type: ignore[no-untyped-def]
+        return x.new_empty(x.shape[0], out_features)
 
     @torch.library.register_fake("argosy_ext::packed_linear")
     def _(x, key, out_features, bias):  # type: ignore[no-untyped-def]

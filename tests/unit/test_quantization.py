@@ -17,7 +17,7 @@ from argosy.models.gguf_convert import open_gguf
 from argosy.models.gguf_quant import q4_codes
 from argosy.models.gguf_tensors import dequantize_tensor
 from argosy.models.loader import MODEL_REGISTRY
-from argosy.models.quantized_linear import Int4Linear, Int8Linear
+from argosy.models.quantized_linear import Int4Linear, Int8Linear, native_qlinear, q4_tiles, q8_tiles
 from tests.unit.conftest import prefill_logits
 
 TEXT = (
@@ -87,3 +87,72 @@ def test_bf16_quantized_mean_logprob_is_close_to_bf16(mode: str) -> None:
     _, lp = _mean_logprob(mode, "bfloat16")
     print(f"mean logprob bf16 {ref_lp:.4f} {mode} {lp:.4f}")
     assert abs(lp - ref_lp) < 0.05
+
+
+needs_native = pytest.mark.skipif(
+    not native_qlinear(torch.bfloat16), reason="the native quantized kernels need AVX-512 BF16 and AMX"
+)
+
+
+def _q4_weights(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen)
+    d = (torch.rand(n, k // 32, generator=gen) * 0.02).half().float()  # fp16 values, as in GGUF
+    m = (-torch.rand(n, k // 32, generator=gen) * 0.1).half().float()
+    weight = codes.float() * d.repeat_interleave(32, 1) + m.repeat_interleave(32, 1)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), d, m, weight
+
+
+@needs_native
+@pytest.mark.parametrize(("n", "k"), [(48, 64), (32, 96)])  # an even and an odd number of groups
+def test_native_q4_linear_is_the_exact_dot_product_rounded_once(n: int, k: int) -> None:
+    """Exact products, fp32 sums: equal to the float64 product within the bf16 rounding of
+    the result (and of x, which both sides use)."""
+    packed, d, m, weight = _q4_weights(n, k, seed=n + k)
+    tiles, scales, mins = q4_tiles(packed, d, m)
+    for rows in (1, 2, 7, 16, 17, 33):
+        x = torch.randn(rows, k).bfloat16()
+        out = torch.ops.argosy_ext.q4_linear(x, tiles, scales, mins, n)
+        exact = x.double() @ weight.double().T
+        torch.testing.assert_close(out.double(), exact, rtol=2**-8, atol=1e-3)
+
+
+@needs_native
+def test_native_q8_linear_is_the_exact_dot_product_rounded_once() -> None:
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randint(-127, 128, (64, 96), dtype=torch.int8, generator=gen)
+    scales = torch.rand(64, generator=gen) * 0.01
+    for rows in (1, 5, 16, 20):
+        x = torch.randn(rows, 96).bfloat16()
+        out = torch.ops.argosy_ext.q8_linear(x, q8_tiles(codes), scales, 64)
+        exact = (x.double() @ codes.double().T) * scales.double()
+        torch.testing.assert_close(out.double(), exact, rtol=2**-8, atol=1e-4)
+
+
+@needs_native
+def test_native_quantized_ops_reject_bad_inputs() -> None:
+    packed, d, m, _ = _q4_weights(32, 64, seed=1)
+    tiles, scales, mins = q4_tiles(packed, d, m)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        torch.ops.argosy_ext.q4_linear(torch.randn(2, 64), tiles, scales, mins, 32)
+    with pytest.raises(RuntimeError, match="features"):
+        torch.ops.argosy_ext.q4_linear(torch.randn(2, 32).bfloat16(), tiles, scales, mins, 32)
+    with pytest.raises(RuntimeError, match="outputs"):
+        torch.ops.argosy_ext.q4_linear(torch.randn(2, 64).bfloat16(), tiles, scales, mins, 48)
+    with pytest.raises(RuntimeError, match="float16"):
+        torch.ops.argosy_ext.q4_linear(torch.randn(2, 64).bfloat16(), tiles, scales.float(), mins, 32)
+
+
+@needs_native
+def test_bf16_int4_and_int8_layers_agree_across_row_counts() -> None:
+    """One row takes torch's kernels, more rows the native ones: the same weights either way."""
+    packed, d, m, weight = _q4_weights(48, 64, seed=5)
+    int4 = Int4Linear(packed, d, m, None, torch.bfloat16)
+    int8 = Int8Linear(weight, None, torch.bfloat16)
+    assert int4.native and int8.native
+    x = torch.randn(6, 64).bfloat16()
+    for layer in (int4, int8):
+        together = layer(x).float()
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(6)]).float()
+        torch.testing.assert_close(together, alone, rtol=0.02, atol=0.02)
+    torch.testing.assert_close(int4(x).double(), x.double() @ weight.double().T, rtol=2**-8, atol=1e-3)
