@@ -42,7 +42,7 @@ _HELP = {
     "dtype": "auto | bfloat16 | float32 | float16 (auto: bf16 where the CPU has it)",
     "quantization": "weight-only: none | int4 (a GGUF's own Q4_0/Q4_1 blocks) | int8 | auto (int4 where the file has them)",
     "max_model_len": "context length (default: the model's, capped by the KV cache)",
-    "kv_cache_memory": "bytes for the KV cache (default 256M); suffixes K, M, G, T (binary), e.g. 512M, 2G",
+    "kv_cache_memory": "bytes for the KV cache (default 192M); suffixes K, M, G, T (binary), e.g. 512M, 2G",
     "max_num_seqs": "most requests running in one step",
     "max_num_batched_tokens": "token budget per step (bounds a prefill chunk)",
     "enable_prefix_caching": "disable the prefix cache",

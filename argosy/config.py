@@ -23,9 +23,10 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own context length
     block_size: int = 16
     # bytes for K and V across all layers. The pool's pages become resident as blocks are first
-    # used, so a busy server's RSS grows to about its weights + this: 256 MiB holds 11,600 tokens
-    # of SmolLM2 (32 requests of 360 tokens before preemption; llama-server's default is 4,096)
-    kv_cache_memory: int = 256 * 1024 * 1024
+    # used, so a busy server's RSS grows to about its weights + this: 192 MiB holds 8,730 tokens
+    # of SmolLM2 (one request of its whole 8,192-token context, or 32 requests of 270 tokens
+    # before preemption; llama-server's default is 4,096)
+    kv_cache_memory: int = 192 * 1024 * 1024
     max_num_seqs: int = 64  # running requests per step
     max_num_batched_tokens: int = 1024  # token budget per step (prefill chunk bound; measured:
     # a 1,000-token prompt prefills at ~2,900 tok/s in one chunk vs ~2,200 in two of 512)

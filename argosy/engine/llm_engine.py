@@ -117,7 +117,9 @@ def _quantize(
     elif blocks_file.exists():
         count = apply_int4(model, load_file(str(blocks_file)), dtype, max_int4_rows)
         if dtype != torch.float32:  # float32 asks for precision: its head stays exact
-            apply_int8_head(model, dtype, max_int4_rows)
+            # the native int8 kernel serves any number of rows (2+; torch's serves one): no
+            # float twin of the head (57 MB of SmolLM2's peak memory)
+            apply_int8_head(model, dtype, 0 if native_qlinear(dtype) else max_int4_rows)
     elif mode == "int4":
         raise ModelLoadError("int4 uses a GGUF file's own Q4_0/Q4_1 blocks; this model has none (try int8)")
     else:
@@ -135,6 +137,11 @@ def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
     )
     int4 = "int4 (GGUF Q4 blocks)" + (", int8 output head" if int8_head else "")
     switches = [m for m in model.modules() if isinstance(m, BatchSwitchLinear)]
+    if switches and isinstance(head, Int8Linear):  # the head is int8 at every step
+        return (
+            f"int4 (GGUF Q4 blocks) for steps of <= {switches[0].max_small_rows} rows, {float_kind} above; "
+            "int8 output head"
+        )
     if switches:
         return f"{int4} for steps of <= {switches[0].max_small_rows} rows, {float_kind} above"
     if Int4Linear in kinds:

@@ -41,7 +41,12 @@ def client(default_server: ServerProcess) -> openai.OpenAI:
 def test_models_say_int4_and_compiled(default_server: ServerProcess, client: openai.OpenAI) -> None:
     caps = client.models.retrieve(MODEL).model_extra["capabilities"]  # type: ignore[index]
     assert caps["compiled_decode"] is True
-    assert re.match(r"int4 \(GGUF Q4 blocks\), int8 output head for steps of <= (4|32) rows", caps["weights"])
+    assert re.match(
+        r"int4 \(GGUF Q4 blocks\)(, int8 output head)? for steps of <= (4|32) rows, bfloat16 \(oneDNN-packed\) above"
+        r"(; int8 output head)?$",
+        caps["weights"],
+    )
+    assert "int8 output head" in caps["weights"]
     assert "bfloat16 (oneDNN-packed) above" in caps["weights"]
     log = default_server.log_text()
     assert "decode step compiled in" in log and "quantization auto: 120 projection layers" in log
