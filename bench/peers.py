@@ -260,12 +260,14 @@ class RunningServer:
             )
         self.sampler = ProcessTreeSampler(self.process.pid)
         self.peak_rss_mib: float | None = None
+        self.serving_rss_mib: float | None = None
         self.other_cpu_percent: float | None = None
         try:
             self._wait_healthy(startup_timeout_s)
         except BaseException:
             self.stop()
             raise
+        self.sampler.mark_serving()
 
     def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -294,6 +296,7 @@ class RunningServer:
         if self.peak_rss_mib is None:
             self.sampler.stop()
             self.peak_rss_mib = self.sampler.peak_rss_mib()
+            self.serving_rss_mib = self.sampler.serving_rss_mib()
             self.other_cpu_percent = self.sampler.other_cpu_percent()
         pgid = self.process.pid  # start_new_session: the group id is the leader's pid
         try:
