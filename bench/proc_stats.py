@@ -44,20 +44,11 @@ def process_tree(root_pid: int) -> list[int]:
     return pids
 
 
-def vm_hwm_kib(pid: int) -> int | None:
+def status_kib(pid: int, field: str) -> int | None:
+    """A kB field of /proc/<pid>/status (VmHWM, VmRSS); None once the process is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def vm_rss_kib(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1])
     except OSError:
         return None
@@ -113,8 +104,8 @@ class ProcessTreeSampler:
             current_kib = 0
             for pid in process_tree(self.root_pid):
                 if self.serving:
-                    current_kib += vm_rss_kib(pid) or 0
-                kib = vm_hwm_kib(pid)
+                    current_kib += status_kib(pid, "VmRSS") or 0
+                kib = status_kib(pid, "VmHWM")
                 if kib is not None:
                     self.peak_kib_by_pid[pid] = max(kib, self.peak_kib_by_pid.get(pid, 0))
                 ticks = process_cpu_ticks(pid)

@@ -83,19 +83,15 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        if self.native and x.numel() > self.in_features:  # more than one row
+        x2 = x.reshape(-1, self.in_features)
+        if self.native and x2.shape[0] > 1:
             out = torch.ops.argosy_ext.q4_linear(
-                x.reshape(-1, self.in_features).contiguous(),
-                self.tiles,
-                self.tile_scales,
-                self.tile_mins,
-                self.out_features,
+                x2.contiguous(), self.tiles, self.tile_scales, self.tile_mins, self.out_features
             )
-            out = out.view(*shape[:-1], self.out_features)
-            return out if self.bias is None else out + self.bias
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.reshape(-1, self.in_features), self.packed, GROUP_SIZE, self.scales_and_zeros
-        )
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2, self.packed, GROUP_SIZE, self.scales_and_zeros
+            )
         out = out.view(*shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 

@@ -71,6 +71,11 @@ void check_x(const at::Tensor& x, int64_t k) {
 
 #ifdef ARGOSY_QLINEAR
 
+// GCC's tile intrinsics are asm statements that name only the pointer: without a memory
+// barrier it may move the vector stores a tile load reads, or the loads of what a tile store
+// wrote, across them.
+#define ARGOSY_MEMORY_BARRIER() asm volatile("" : : : "memory")
+
 // AMX tiles: 0 and 3 results (rows x 16 fp32), 1 and 4 x (rows x 32 bf16), 2 and 5 weights
 // (16 pairs of k x 16 outputs); two of each so one group's tiles fill while the other's
 // are in use
@@ -129,6 +134,18 @@ inline void store_row(const __m512 acc, at::BFloat16* out) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc)));
 }
 
+// One group's exact dot products into result tile C (x on tile A, the unpacked codes on B).
+// Macros, not templates: GCC's tile intrinsics take the tile number as a literal.
+#define ARGOSY_Q4_GROUP_DOT(C, A, B, codes, x, k, w) \
+  do {                                               \
+    unpack_q4(codes, w);                             \
+    ARGOSY_MEMORY_BARRIER();                         \
+    _tile_loadd(B, w, 64);                           \
+    _tile_loadd(A, x, (k) * 2);                      \
+    _tile_zero(C);                                   \
+    _tile_dpbf16ps(C, A, B);                         \
+  } while (0)
+
 // One tile (16 outputs) x R rows of a Q4 layer: per group, the exact dot products of x with
 // the codes (AMX), then acc += d * dot + m * sum(x) in fp32. Two groups at a time, on
 // alternating tiles and buffers, so one group's unpacking overlaps the other's AMX work.
@@ -151,32 +168,32 @@ inline void q4_tile(const uint16_t* x, int64_t k, const float* sx, int64_t group
   };
   int64_t g = 0;
   for (; g + 1 < groups; g += 2) {
-    unpack_q4(codes + g * 256, w[0]);
-    _tile_loadd(2, w[0], 64);
-    _tile_loadd(1, x + g * kGroup, k * 2);
-    _tile_zero(0);
-    _tile_dpbf16ps(0, 1, 2);
-    unpack_q4(codes + (g + 1) * 256, w[1]);
-    _tile_loadd(5, w[1], 64);
-    _tile_loadd(4, x + (g + 1) * kGroup, k * 2);
-    _tile_zero(3);
-    _tile_dpbf16ps(3, 4, 5);
+    ARGOSY_Q4_GROUP_DOT(0, 1, 2, codes + g * 256, x + g * kGroup, k, w[0]);
+    ARGOSY_Q4_GROUP_DOT(3, 4, 5, codes + (g + 1) * 256, x + (g + 1) * kGroup, k, w[1]);
     _tile_stored(0, dots[0], 64);
     _tile_stored(3, dots[1], 64);
+    ARGOSY_MEMORY_BARRIER();
     apply(g, dots[0]);
     apply(g + 1, dots[1]);
   }
   if (g < groups) {
-    unpack_q4(codes + g * 256, w[0]);
-    _tile_loadd(2, w[0], 64);
-    _tile_loadd(1, x + g * kGroup, k * 2);
-    _tile_zero(0);
-    _tile_dpbf16ps(0, 1, 2);
+    ARGOSY_Q4_GROUP_DOT(0, 1, 2, codes + g * 256, x + g * kGroup, k, w[0]);
     _tile_stored(0, dots[0], 64);
+    ARGOSY_MEMORY_BARRIER();
     apply(g, dots[0]);
   }
   for (int m = 0; m < R; ++m) store_row(acc[m], out + m * ldo);
 }
+
+// 32 more k of a Q8 tile's dot products, accumulated on result tile 0 (x on A, codes on B)
+#define ARGOSY_Q8_BLOCK_DOT(A, B, codes, x, k, w) \
+  do {                                            \
+    unpack_q8(codes, w);                          \
+    ARGOSY_MEMORY_BARRIER();                      \
+    _tile_loadd(B, w, 64);                        \
+    _tile_loadd(A, x, (k) * 2);                   \
+    _tile_dpbf16ps(0, A, B);                      \
+  } while (0)
 
 // One tile x R rows of a per-channel Q8 layer: one AMX accumulation over all of k, blocks
 // of 32 k unpacked into alternating buffers.
@@ -187,20 +204,14 @@ inline void q8_tile(const uint16_t* x, int64_t k, const int8_t* codes, const flo
   alignas(64) float dots[R * 16];
   const int64_t blocks = k / kGroup;
   _tile_zero(0);
-  for (int64_t b = 0; b < blocks; ++b) {
-    uint16_t* buf = w[b & 1];
-    unpack_q8(codes + b * 512, buf);
-    if (b & 1) {
-      _tile_loadd(5, buf, 64);
-      _tile_loadd(4, x + b * kGroup, k * 2);
-      _tile_dpbf16ps(0, 4, 5);
-    } else {
-      _tile_loadd(2, buf, 64);
-      _tile_loadd(1, x + b * kGroup, k * 2);
-      _tile_dpbf16ps(0, 1, 2);
-    }
+  int64_t b = 0;
+  for (; b + 1 < blocks; b += 2) {
+    ARGOSY_Q8_BLOCK_DOT(1, 2, codes + b * 512, x + b * kGroup, k, w[0]);
+    ARGOSY_Q8_BLOCK_DOT(4, 5, codes + (b + 1) * 512, x + (b + 1) * kGroup, k, w[1]);
   }
+  if (b < blocks) ARGOSY_Q8_BLOCK_DOT(1, 2, codes + b * 512, x + b * kGroup, k, w[0]);
   _tile_stored(0, dots, 64);
+  ARGOSY_MEMORY_BARRIER();
   const __m512 s = _mm512_loadu_ps(scales);
   for (int m = 0; m < R; ++m) store_row(_mm512_mul_ps(_mm512_load_ps(dots + 16 * m), s), out + m * ldo);
 }
@@ -223,8 +234,19 @@ inline void for_row_passes(int64_t rows, Pass&& pass) {
   }
 }
 
-// grain: tiles a task; enough tasks for both threads, few enough to keep weights streaming
-inline int64_t grain_for(int64_t tiles) { return std::max<int64_t>(1, tiles / (8 * at::get_num_threads())); }
+// every tile x every row, tiles split among the threads (a task: enough for both threads,
+// few enough to keep weights streaming), rows in passes: run(tile, first_row, rows_constant)
+template <typename Run>
+inline void for_tiles_and_rows(int64_t tiles, int64_t rows, Run&& run) {
+  const int64_t grain = std::max<int64_t>(1, tiles / (8 * at::get_num_threads()));
+  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
+    for_row_passes(rows, [&](int64_t row, auto rows_in_pass) {
+      configure_tiles(decltype(rows_in_pass)::value);
+      for (int64_t t = begin; t < end; ++t) run(t, row, rows_in_pass);
+    });
+    _tile_release();
+  });
+}
 
 #endif  // ARGOSY_QLINEAR
 
@@ -266,15 +288,10 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   const uint16_t* mp = reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>());
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
-  at::parallel_for(0, tiles, grain_for(tiles), [&](int64_t begin, int64_t end) {
-    for_row_passes(rows, [&](int64_t row, auto rows_in_pass) {
-      constexpr int R = decltype(rows_in_pass)::value;
-      configure_tiles(R);
-      for (int64_t t = begin; t < end; ++t)
-        q4_tile<R>(xb + row * k, k, sx + row * groups, groups, cp + t * groups * 256, sp + t * groups * kTile,
-                   mp + t * groups * kTile, op + row * out_features + t * kTile, out_features);
-    });
-    _tile_release();
+  for_tiles_and_rows(tiles, rows, [&](int64_t t, int64_t row, auto rows_in_pass) {
+    q4_tile<decltype(rows_in_pass)::value>(xb + row * k, k, sx + row * groups, groups, cp + t * groups * 256,
+                                           sp + t * groups * kTile, mp + t * groups * kTile,
+                                           op + row * out_features + t * kTile, out_features);
   });
 #endif
   return out;
@@ -301,15 +318,9 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   const int8_t* cp = codes.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>();
   at::BFloat16* op = out.data_ptr<at::BFloat16>();
-  at::parallel_for(0, tiles, grain_for(tiles), [&](int64_t begin, int64_t end) {
-    for_row_passes(rows, [&](int64_t row, auto rows_in_pass) {
-      constexpr int R = decltype(rows_in_pass)::value;
-      configure_tiles(R);
-      for (int64_t t = begin; t < end; ++t)
-        q8_tile<R>(xb + row * k, k, cp + t * k_pairs * 32, sp + t * kTile, op + row * out_features + t * kTile,
-                   out_features);
-    });
-    _tile_release();
+  for_tiles_and_rows(tiles, rows, [&](int64_t t, int64_t row, auto rows_in_pass) {
+    q8_tile<decltype(rows_in_pass)::value>(xb + row * k, k, cp + t * k_pairs * 32, sp + t * kTile,
+                                           op + row * out_features + t * kTile, out_features);
   });
 #endif
   return out;
