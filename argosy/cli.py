@@ -175,8 +175,8 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     import uvicorn
 
     from argosy.api.app import build_app
-    from argosy.api.core import Core
-    from argosy.api.sessions_bridge import open_recorder
+    from argosy.core.recording import open_recorder
+    from argosy.core.service import Core
 
     # The engine thread gives up the GIL in every torch kernel and must get it back quickly
     # between kernels; with CPython's default 5 ms switch interval the HTTP thread can hold

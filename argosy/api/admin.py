@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from argosy.api.core import Core
+from argosy.core.service import Core
 
 router = APIRouter()
 

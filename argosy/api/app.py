@@ -12,11 +12,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from argosy.api import admin, openai_chat, openai_completions, openai_models, openai_responses
-from argosy.api.core import Core
+from argosy.api import admin
 from argosy.api.errors import APIError, headers_of, internal_error, openai_error_body, status_of
+from argosy.api.openai import chat as openai_chat
+from argosy.api.openai import completions as openai_completions
+from argosy.api.openai import models as openai_models
+from argosy.api.openai.responses import route as openai_responses
 from argosy.api.transport import ArrivalMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from argosy.config import ServerConfig
+from argosy.core.service import Core
 from argosy.errors import ArgosyError, InvalidRequestError
 
 log = logging.getLogger("argosy.access")

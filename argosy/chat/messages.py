@@ -1,7 +1,7 @@
 """A chat request in neutral terms: messages, tools, tool choice and output format.
 
 Every dialect (OpenAI chat and responses, later Anthropic and Ollama) translates its wire
-shapes into these; argosy/api/chat_request.py turns a ChatInput into what the core runs.
+shapes into these; argosy/core/chat_request.py turns a ChatInput into what the core runs.
 `template_messages` writes messages the way chat templates read them (transformers'
 convention): an assistant's calls as `tool_calls: [{id, type, function: {name, arguments}}]`
 with the arguments as a dict (the wire carries JSON text; templates mostly `tojson` them), its

@@ -23,12 +23,12 @@ from argosy.engine.sequence import Sequence
 from argosy.errors import ContextLengthExceededError, InvalidRequestError, ModelLoadError
 from argosy.models.gguf_quant import INT4_FILE
 from argosy.models.llama import DecoderForCausalLM
-from argosy.models.packed_linear import PackedLinear, apply_packing, packing_supported
 from argosy.models.quantize import apply_int4, apply_int8, apply_int8_head
-from argosy.models.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear, native_qlinear
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
-from argosy.runner.memory import release_free_memory
+from argosy.ops.memory import release_free_memory
+from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
+from argosy.ops.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear, native_qlinear
 from argosy.runner.model_runner import ModelRunner, StepResult, kv_bytes_per_block
 from argosy.runner.spec_decode import NgramProposer, Verified
 from argosy.runner.structured import TokenGuide

@@ -16,7 +16,7 @@ from torch import nn
 
 from argosy.errors import ModelLoadError
 from argosy.models.decoder_config import DecoderConfig
-from argosy.runner.attention import AttentionBackend, AttentionMetadata, CpuPagedAttention
+from argosy.ops.attention import AttentionBackend, AttentionMetadata, CpuPagedAttention
 
 
 class RMSNorm(nn.Module):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from argosy.models.llama import DecoderForCausalLM
-from argosy.models.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear
+from argosy.ops.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear
 
 # our fused module -> the HF weights it is made of, in order
 _FUSED_PARTS = {

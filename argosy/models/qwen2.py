@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from argosy.models.decoder_config import DecoderConfig
 from argosy.models.llama import DecoderForCausalLM
-from argosy.runner.attention import AttentionBackend
+from argosy.ops.attention import AttentionBackend
 
 
 def build(hf_config: dict, backend: AttentionBackend | None = None) -> DecoderForCausalLM:

@@ -8,7 +8,7 @@ from typing import Protocol
 from torch import nn
 
 from argosy.errors import ModelLoadError
-from argosy.runner.attention import AttentionBackend
+from argosy.ops.attention import AttentionBackend
 
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "argosy.models.llama",

@@ -10,7 +10,7 @@ so the context length never reaches inductor's code generation.
 
 Each layer's attention op writes its new K/V into the cache in place (a custom op that
 declares the mutation, which inductor re-inplaces: no copy of the cache). The op is the C++
-one from argosy/runner/native.py when it builds (it reads K/V straight from the blocks:
+one from argosy/ops/native.py when it builds (it reads K/V straight from the blocks:
 ~30 us a layer at one row where the Python op's gather + SDPA took ~100), else the Python
 op below. The graph runs from inductor's C++ wrapper, not generated Python, and once every
 graph exists only the guards that choose between them are evaluated.
@@ -31,9 +31,9 @@ import torch._inductor.config
 from torch import nn
 
 from argosy.models.llama import DecoderForCausalLM, DecoderLayer
-from argosy.runner.attention import grouped_decode_attention
-from argosy.runner.memory import release_free_memory
-from argosy.runner.native import load_native_ops
+from argosy.ops.attention import grouped_decode_attention
+from argosy.ops.memory import release_free_memory
+from argosy.ops.native import load_native_ops
 
 log = logging.getLogger("argosy.runner")
 
@@ -75,7 +75,7 @@ class DecodeGraph(nn.Module):
         super().__init__()
         self.model = model
         self.block_size = block_size
-        # the C++ op (argosy/runner/csrc/paged_decode.cpp) when it built, else the Python one
+        # the C++ op (argosy/ops/csrc/paged_decode.cpp) when it built, else the Python one
         self.attention = (
             torch.ops.argosy_ext.paged_decode if native else torch.ops.argosy.paged_decode_attention
         )

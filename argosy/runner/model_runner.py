@@ -18,7 +18,7 @@ from argosy.engine.outputs import TokenLogprob
 from argosy.engine.scheduler import ScheduledRequest, SchedulerOutput
 from argosy.engine.sequence import Sequence
 from argosy.models.llama import DecoderForCausalLM
-from argosy.runner.attention import AttentionMetadata, ContextBatch, PrefillChunk
+from argosy.ops.attention import AttentionMetadata, ContextBatch, PrefillChunk
 from argosy.runner.compiled import MIN_BLOCKS, CompiledDecoder
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
 from argosy.runner.spec_decode import Verified, verify_batch

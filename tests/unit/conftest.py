@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, models
 from argosy.config import EngineConfig
 from argosy.engine.llm_engine import LLMEngine
 from argosy.models.source import ModelSource
-from argosy.runner.attention import AttentionMetadata, PrefillChunk
+from argosy.ops.attention import AttentionMetadata, PrefillChunk
 
 TINY_VOCAB = 300
 

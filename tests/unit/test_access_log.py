@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from argosy.api.access_log import GenerationTiming, decode_rate, format_line, prefill_rate
 from argosy.chat.events import Usage
+from argosy.core.access_log import GenerationTiming, decode_rate, format_line, prefill_rate
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ import gc
 
 import pytest
 
-from argosy.api.admission import AdmissionQueue, request_qos
 from argosy.api.errors import headers_of, openai_error_body, status_of
 from argosy.cli import build_parser, configs_from_args, parse_duration
+from argosy.core.admission import AdmissionQueue, request_qos
 from argosy.errors import InvalidRequestError, OverloadedError
 
 

@@ -15,8 +15,8 @@ from argosy.api.errors import (
     param_from_loc,
     status_of,
 )
-from argosy.api.openai_chat import ChatCompletionRequest
-from argosy.api.openai_completions import CompletionRequest
+from argosy.api.openai.chat import ChatCompletionRequest
+from argosy.api.openai.completions import CompletionRequest
 from argosy.api.transport import payload_too_large
 from argosy.errors import (
     ArgosyError,

@@ -14,8 +14,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from argosy.api.app import build_app
-from argosy.api.core import Core
 from argosy.config import EngineConfig, OperatorSampling, ServerConfig
+from argosy.core.service import Core
 from argosy.engine.arrivals import Arrival
 
 LIMIT = 4096

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from argosy.runner.attention import AttentionMetadata, ContextBatch, CpuPagedAttention, PrefillChunk
+from argosy.ops.attention import AttentionMetadata, ContextBatch, CpuPagedAttention, PrefillChunk
 
 HEADS, KV_HEADS, DIM, BLOCK = 6, 2, 16, 4
 

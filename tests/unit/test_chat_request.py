@@ -12,12 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from argosy.api.chat_channels import ChannelSpec, ChoiceChannels
-from argosy.api.chat_request import PreparedChat, prepare_chat
-from argosy.api.constraints import plan_constraints, reasoning_aware
 from argosy.api.errors import status_of
-from argosy.api.grammar_service import GrammarService
-from argosy.api.openai_chat import ChatCompletionRequest
+from argosy.api.openai.chat import ChatCompletionRequest
 from argosy.chat.events import (
     Finish,
     LogprobsDelta,
@@ -36,6 +32,10 @@ from argosy.chat.markers import SpecialTextFilter
 from argosy.chat.messages import ChatInput, Message, OutputFormat, ToolChoice, ToolDefinition
 from argosy.chat.profile import ChatProfile
 from argosy.chat.template import ChatTemplate
+from argosy.core.channels import ChannelSpec, ChoiceChannels
+from argosy.core.chat_request import PreparedChat, prepare_chat
+from argosy.core.constraints import plan_constraints, reasoning_aware
+from argosy.core.grammar_service import GrammarService
 from argosy.errors import InvalidRequestError
 from argosy.runner.structured import DelayedGuide, OptionalReasoningGuide, bitmask_words, unpack_bitmask
 from argosy.sampling_params import RequestSampling

@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from argosy.models.packed_linear import PackedLinear, apply_packing, packing_supported
-from argosy.models.quantized_linear import BatchSwitchLinear
-from argosy.runner.attention import grouped_decode_attention
+from argosy.ops.attention import grouped_decode_attention
+from argosy.ops.native import load_native_ops
+from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
+from argosy.ops.quantized_linear import BatchSwitchLinear
 from argosy.runner.compiled import paged_decode_attention
 from argosy.runner.model_runner import kv_bytes_per_block
-from argosy.runner.native import load_native_ops
 from argosy.sampling_params import SamplingParams
 from tests.unit.conftest import TinyModel
 from tests.unit.test_engine import assert_all_blocks_free, greedy, prompt, run
@@ -96,7 +96,7 @@ def test_paged_decode_attention_writes_the_cache_then_attends() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_paged_decode_equals_the_python_op(dtype: torch.dtype) -> None:
-    """The C++ op (argosy/runner/csrc/paged_decode.cpp) is built on this machine and computes
+    """The C++ op (argosy/ops/csrc/paged_decode.cpp) is built on this machine and computes
     what the Python op does: the same cache writes (bit-exact) and the same attention (fp32
     accumulation in both; bf16 differs by output rounding only). Rows cover one block, many
     blocks, a grouped-query ratio of 3, padding blocks masked out and unordered block ids."""

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from argosy.api.core import Core, _offset_seed
-from argosy.api.core_stream import CoreRequest, collect
 from argosy.chat.events import Finish, PromptEcho, TextDelta
 from argosy.config import EngineConfig, ServerConfig
+from argosy.core.service import Core, _offset_seed
+from argosy.core.stream import CoreRequest, collect
 from argosy.engine.async_engine import AsyncEngine
 from argosy.errors import ContextLengthExceededError, InvalidRequestError
 from argosy.sampling_params import RequestSampling

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from argosy.api.core import Core
-from argosy.api.core_stream import CoreRequest, CoreStream
-from argosy.api.sessions_bridge import SessionRecorder, SessionSpec
 from argosy.chat.events import Finish
 from argosy.config import EngineConfig, ServerConfig
+from argosy.core.recording import SessionRecorder, SessionSpec
+from argosy.core.service import Core
+from argosy.core.stream import CoreRequest, CoreStream
 from argosy.engine.async_engine import AsyncEngine
 from argosy.errors import OverloadedError
 from argosy.sampling_params import RequestSampling

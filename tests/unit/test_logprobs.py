@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from argosy.api.choice import LogprobAligner, token_pieces
-from argosy.api.openai_chat import logprobs_json
-from argosy.api.openai_completions import _merge, legacy_logprobs
-from argosy.api.token_text import TokenTexts, _byte_level_decoding
+from argosy.api.openai.chat import logprobs_json
+from argosy.api.openai.completions import _merge, legacy_logprobs
 from argosy.chat.events import TokenCandidate, TokenLogprobs
+from argosy.core.choice import LogprobAligner, token_pieces
+from argosy.core.token_text import TokenTexts, _byte_level_decoding
 from argosy.engine.detokenizer import IncrementalDetokenizer
 from argosy.engine.outputs import TokenLogprob
 

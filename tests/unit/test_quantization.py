@@ -17,7 +17,7 @@ from argosy.models.gguf_convert import open_gguf
 from argosy.models.gguf_quant import q4_codes
 from argosy.models.gguf_tensors import dequantize_tensor
 from argosy.models.loader import MODEL_REGISTRY
-from argosy.models.quantized_linear import Int4Linear, Int8Linear, native_qlinear, q4_tiles, q8_tiles
+from argosy.ops.quantized_linear import Int4Linear, Int8Linear, native_qlinear, q4_tiles, q8_tiles
 from tests.unit.conftest import prefill_logits
 
 TEXT = (

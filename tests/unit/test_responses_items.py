@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from argosy.api.responses_items import conversation_items, input_events, output_items
-from argosy.api.responses_stream import ResponseStreamRenderer
-from argosy.api.session_log import ChoiceLog
+from argosy.api.openai.responses.items import conversation_items, input_events, output_items
+from argosy.api.openai.responses.stream import ResponseStreamRenderer
 from argosy.chat.events import (
     Finish,
     ReasoningDelta,
@@ -19,6 +18,7 @@ from argosy.chat.events import (
     ToolCallStart,
     Usage,
 )
+from argosy.core.session_log import ChoiceLog
 from argosy.errors import InvalidRequestError
 from argosy.sessions.events import Finished, MessageAppended, SpanGenerated, ToolUsed
 from argosy.sessions.store import StoredEvent

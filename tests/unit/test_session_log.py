@@ -3,14 +3,6 @@ conversation becomes the next prompt."""
 
 from __future__ import annotations
 
-from argosy.api.conversation import (
-    chat_message,
-    chat_message_events,
-    continued_prompt,
-    generated_token_ids,
-    history_messages,
-)
-from argosy.api.session_log import ChoiceLog
 from argosy.chat.events import (
     Finish,
     LogprobsDelta,
@@ -23,6 +15,14 @@ from argosy.chat.events import (
     Usage,
 )
 from argosy.chat.messages import Message, ToolCallRecord
+from argosy.core.conversation import (
+    chat_message,
+    chat_message_events,
+    continued_prompt,
+    generated_token_ids,
+    history_messages,
+)
+from argosy.core.session_log import ChoiceLog
 from argosy.sessions.events import Finished, MessageAppended, SpanGenerated, ToolParseFailed, ToolUsed
 from argosy.sessions.store import StoredEvent
 

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from argosy.api.core import Core
-from argosy.api.core_stream import CoreRequest
-from argosy.api.openai_common import usage_json
+from argosy.api.openai.common import usage_json
 from argosy.chat.events import Finish
 from argosy.config import EngineConfig, OperatorSampling, ServerConfig
+from argosy.core.service import Core
+from argosy.core.stream import CoreRequest
 from argosy.engine.async_engine import AsyncEngine
 from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.sequence import Sequence

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from argosy.api.errors import openai_error_body
-from argosy.api.sse import DONE_FRAME, data_frame, error_frame, sse_frames
+from argosy.api.framing import DONE_FRAME, data_frame, error_frame, sse_frames
 from argosy.errors import ArgosyError, InvalidRequestError
 
 

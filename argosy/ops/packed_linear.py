@@ -7,7 +7,7 @@ torch 2.13 on this machine's AVX-512 bf16 cores), for any batch size, with the s
 The packed weight is an opaque MKLDNN tensor, which torch.compile cannot trace, so the call
 goes through a custom op that finds the weight by key: compiled graphs keep a dynamic batch
 dimension (inductor only packs weights itself for static shapes) and stay one graph. The op
-is the C++ one (argosy/runner/csrc/packed_linear.cpp) when the native ops build: the Python
+is the C++ one (argosy/ops/csrc/packed_linear.cpp) when the native ops build: the Python
 op's own layer cost ~30-100 us a call, 121 calls a decode step.
 """
 
@@ -19,7 +19,7 @@ import weakref
 import torch
 from torch import nn
 
-from argosy.runner.native import load_native_ops
+from argosy.ops.native import load_native_ops
 
 _PACKED: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 _KEYS = itertools.count()

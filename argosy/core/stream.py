@@ -16,12 +16,6 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from argosy.api.access_log import GenerationTiming, access_log, format_line
-from argosy.api.admission import Ticket
-from argosy.api.chat_channels import ChannelSpec
-from argosy.api.choice import ChoiceState
-from argosy.api.constraints import GuideFactory
-from argosy.api.sessions_bridge import GenerationRecord, SessionSpec
 from argosy.chat.collector import ChannelCollector
 from argosy.chat.events import (
     Event,
@@ -36,6 +30,12 @@ from argosy.chat.events import (
     ToolParseFailure,
     Usage,
 )
+from argosy.core.access_log import GenerationTiming, access_log, format_line
+from argosy.core.admission import Ticket
+from argosy.core.channels import ChannelSpec
+from argosy.core.choice import ChoiceState
+from argosy.core.constraints import GuideFactory
+from argosy.core.recording import GenerationRecord, SessionSpec
 from argosy.engine.outputs import RequestOutput
 from argosy.errors import ArgosyError
 from argosy.sampling_params import RequestSampling

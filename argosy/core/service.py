@@ -20,17 +20,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from argosy.api.admission import AdmissionQueue
-from argosy.api.chat_channels import ChoiceChannels
-from argosy.api.choice import ChoiceState
-from argosy.api.core_stream import CoreRequest, CoreStream
 from argosy.api.errors import APIError
-from argosy.api.grammar_service import GrammarService
-from argosy.api.sessions_bridge import SessionRecorder, new_record
-from argosy.api.token_text import TokenTexts
 from argosy.chat.profile import ChatProfile
 from argosy.chat.template import ChatTemplate
 from argosy.config import EngineConfig, ServerConfig
+from argosy.core.admission import AdmissionQueue
+from argosy.core.channels import ChoiceChannels
+from argosy.core.choice import ChoiceState
+from argosy.core.grammar_service import GrammarService
+from argosy.core.recording import SessionRecorder, new_record
+from argosy.core.stream import CoreRequest, CoreStream
+from argosy.core.token_text import TokenTexts
 from argosy.engine.arrivals import Arrival
 from argosy.engine.outputs import EngineStats
 from argosy.errors import ArgosyError, EngineDeadError, InvalidRequestError, NotFoundError

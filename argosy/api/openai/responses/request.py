@@ -21,12 +21,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from argosy.api.chat_request import PreparedChat, prepare_chat
-from argosy.api.constraints import check_chat_options
-from argosy.api.conversation import chat_message, continued_prompt, generated_token_ids, history_messages
-from argosy.api.core import Core
-from argosy.api.responses_store import StoredResponse
+from argosy.api.openai.responses.store import StoredResponse
 from argosy.chat.messages import ChatInput, Message, OutputFormat, ToolChoice, ToolDefinition
+from argosy.core.chat_request import PreparedChat, prepare_chat
+from argosy.core.constraints import check_chat_options
+from argosy.core.conversation import chat_message, continued_prompt, generated_token_ids, history_messages
+from argosy.core.service import Core
 from argosy.errors import InvalidRequestError
 from argosy.sampling_params import RequestSampling
 from argosy.sessions.events import MessageAppended

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from argosy.api.responses_items import function_call_item, item_id, message_item, output_text_part
+from argosy.api.openai.responses.items import function_call_item, item_id, message_item, output_text_part
 from argosy.chat.events import (
     Finish,
     ReasoningDelta,

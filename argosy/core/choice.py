@@ -3,7 +3,7 @@
 Per choice the core keeps a ChoiceState: it emits the prompt echo (with prompt logprobs)
 first, text deltas with their logprobs aligned to the text (LogprobAligner), and the
 finish with this choice's usage. A chat choice's events then go through its channel stage
-(argosy/api/chat_channels.py): text, reasoning and tool calls, logprobs apart.
+(argosy/core/channels.py): text, reasoning and tool calls, logprobs apart.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import dataclasses
 from collections import deque
 from typing import TYPE_CHECKING
 
-from argosy.api.token_text import TokenTexts
 from argosy.chat.events import Event, Finish, PromptEcho, TextDelta, TokenCandidate, TokenLogprobs, Usage
+from argosy.core.token_text import TokenTexts
 from argosy.engine.detokenizer import IncrementalDetokenizer
 from argosy.engine.outputs import RequestOutput, TokenLogprob
 from argosy.errors import ArgosyError
@@ -22,7 +22,7 @@ from argosy.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from argosy.api.chat_channels import ChoiceChannels
+    from argosy.core.channels import ChoiceChannels
 
 
 class ChoiceState:

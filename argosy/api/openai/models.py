@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from argosy.api.core import Core, ModelInfo
+from argosy.core.service import Core, ModelInfo
 from argosy.errors import NotFoundError
 
 router = APIRouter()

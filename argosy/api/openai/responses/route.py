@@ -31,14 +31,12 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from argosy.api.admission import QOS_HEADER, request_qos
-from argosy.api.core import Core
-from argosy.api.core_stream import CoreStream
 from argosy.api.errors import internal_error, openai_error_body
-from argosy.api.openai_common import degraded_headers
-from argosy.api.responses_items import conversation_items, input_events, output_items
-from argosy.api.responses_request import ResponsesRequest, build_turn
-from argosy.api.responses_store import (
+from argosy.api.framing import SSEResponse, degraded_comment
+from argosy.api.openai.common import degraded_headers
+from argosy.api.openai.responses.items import conversation_items, input_events, output_items
+from argosy.api.openai.responses.request import ResponsesRequest, build_turn
+from argosy.api.openai.responses.store import (
     RESPONSE_KIND,
     StoredResponse,
     finished_response_json,
@@ -48,10 +46,12 @@ from argosy.api.responses_store import (
     response_json,
     stored_response_json,
 )
-from argosy.api.responses_stream import ResponseStreamRenderer
-from argosy.api.sessions_bridge import SessionRecorder, SessionSpec
-from argosy.api.sse import SSEResponse, degraded_comment
+from argosy.api.openai.responses.stream import ResponseStreamRenderer
 from argosy.api.transport import read_model, run_unless_disconnected
+from argosy.core.admission import QOS_HEADER, request_qos
+from argosy.core.recording import SessionRecorder, SessionSpec
+from argosy.core.service import Core
+from argosy.core.stream import CoreStream
 from argosy.errors import ArgosyError, InvalidRequestError, NotFoundError
 from argosy.sessions.events import SessionEvent
 from argosy.sessions.store import Session, SessionStore

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from argosy.api.session_log import ChoiceLog
+from argosy.core.session_log import ChoiceLog
 from argosy.sessions.events import MessageAppended, SessionEvent
 from argosy.sessions.sqlite import SqliteSessionStore
 from argosy.sessions.store import SessionStore

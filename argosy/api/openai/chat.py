@@ -24,22 +24,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from argosy.api.admission import QOS_HEADER, request_qos
-from argosy.api.chat_request import prepare_chat
-from argosy.api.constraints import check_chat_options
-from argosy.api.conversation import chat_message_events
-from argosy.api.core import Core
-from argosy.api.core_stream import CollectedChoice, CoreRequest, CoreStream, collect
-from argosy.api.openai_chat_input import chat_input_from_wire
-from argosy.api.openai_common import (
+from argosy.api.framing import SSEResponse, sse_frames
+from argosy.api.openai.chat_input import chat_input_from_wire
+from argosy.api.openai.common import (
     SamplingFields,
     degraded_headers,
     finite_logprob,
     render_error,
     usage_json,
 )
-from argosy.api.sessions_bridge import SessionSpec
-from argosy.api.sse import SSEResponse, sse_frames
 from argosy.api.transport import read_model, run_unless_disconnected
 from argosy.chat.events import (
     Event,
@@ -53,6 +46,13 @@ from argosy.chat.events import (
     ToolCallStart,
 )
 from argosy.chat.messages import ChatInput
+from argosy.core.admission import QOS_HEADER, request_qos
+from argosy.core.chat_request import prepare_chat
+from argosy.core.constraints import check_chat_options
+from argosy.core.conversation import chat_message_events
+from argosy.core.recording import SessionSpec
+from argosy.core.service import Core
+from argosy.core.stream import CollectedChoice, CoreRequest, CoreStream, collect
 from argosy.errors import InvalidRequestError
 from argosy.sampling_params import MAX_LOGPROBS
 

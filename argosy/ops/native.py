@@ -1,6 +1,6 @@
 """Argosy's native (C++) CPU ops, built on first use with torch's extension builder.
 
-`load_native_ops()` compiles argosy/runner/csrc/*.cpp once per machine (~30 s; the build is
+`load_native_ops()` compiles argosy/ops/csrc/*.cpp once per machine (~30 s; the build is
 cached under ~/.cache/argosy/torch_extensions, keyed by the sources and flags, and shared
 by processes through a lock file) and registers the ops under torch.ops.argosy_ext. It
 returns False when there is no compiler or the build fails; callers then use the Python ops,

@@ -20,20 +20,20 @@ from pydantic import BeforeValidator, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from argosy.api.admission import QOS_HEADER, request_qos
-from argosy.api.core import Core
-from argosy.api.core_stream import CoreRequest, CoreStream, collect
-from argosy.api.openai_common import (
+from argosy.api.framing import SSEResponse, sse_frames
+from argosy.api.openai.common import (
     SamplingFields,
     degraded_headers,
     finite_logprob,
     render_error,
     usage_json,
 )
-from argosy.api.sessions_bridge import SessionSpec
-from argosy.api.sse import SSEResponse, sse_frames
 from argosy.api.transport import read_model, run_unless_disconnected
 from argosy.chat.events import Finish, PromptEcho, TextDelta, TokenLogprobs
+from argosy.core.admission import QOS_HEADER, request_qos
+from argosy.core.recording import SessionSpec
+from argosy.core.service import Core
+from argosy.core.stream import CoreRequest, CoreStream, collect
 from argosy.errors import InvalidRequestError
 from argosy.sampling_params import MAX_LOGPROBS
 from argosy.sessions.events import MessageAppended, SessionEvent

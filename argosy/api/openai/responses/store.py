@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from argosy.api.responses_items import output_items
+from argosy.api.openai.responses.items import output_items
 from argosy.errors import NotFoundError
 from argosy.sessions.events import Finished, SessionEvent, SpanGenerated
 from argosy.sessions.store import Session, SessionStore, StoredEvent

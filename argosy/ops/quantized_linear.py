@@ -6,7 +6,7 @@ scale = d and zero = m + 8 d reproduce the file's d * code + m. The codes are bi
 scale and zero are held in the activation dtype (bfloat16 rounds the file's fp16 d and m).
 Int8Linear quantizes any float weight symmetrically per output channel.
 
-In bfloat16, where the native ops are built with AMX (argosy/runner/csrc/qlinear.cpp), both
+In bfloat16, where the native ops are built with AMX (argosy/ops/csrc/qlinear.cpp), both
 also hold their codes in that op's tiled layout: its exact dot products unpack a weight once
 for up to 16 rows, where torch's int4 kernel unpacks it once a row, so a step of 8 rows costs
 ~1.4x one row instead of ~2.6x (and ~0.4x the bf16 GEMM). Both keep torch's layout too,
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from argosy.models.gguf_quant import GROUP_SIZE
-from argosy.runner.native import load_native_ops
+from argosy.ops.native import load_native_ops
 
 _TILE = 16  # outputs a tile of the native layout
 

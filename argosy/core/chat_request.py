@@ -13,12 +13,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from argosy.api.chat_channels import ChannelSpec
-from argosy.api.constraints import GuideFactory, plan_constraints, reasoning_aware
-from argosy.api.core import Core
-from argosy.api.core_stream import CoreRequest
 from argosy.chat.messages import ChatInput
 from argosy.chat.parsing import prompt_opens_reasoning
+from argosy.core.channels import ChannelSpec
+from argosy.core.constraints import GuideFactory, plan_constraints, reasoning_aware
+from argosy.core.service import Core
+from argosy.core.stream import CoreRequest
 from argosy.sampling_params import RequestSampling
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from argosy.api.conversation import content_text
+from argosy.core.conversation import content_text
 from argosy.errors import InvalidRequestError
 from argosy.sessions.events import Finished, MessageAppended, SessionEvent, SpanGenerated, ToolUsed
 from argosy.sessions.store import StoredEvent
