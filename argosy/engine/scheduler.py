@@ -177,10 +177,12 @@ class Scheduler:
         return draft
 
     def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
-        """Preempt lowest-priority running requests until `seq` fits; False if `seq` itself
-        had to go."""
+        """Preempt running requests in `_preemption_order` (batch-invariant ones only when no
+        other is left) until `seq` fits; False if `seq` itself had to go. Terminates: `seq` is
+        running, so it is a candidate until it is chosen."""
         while not self.block_manager.can_append(seq, num_new):
-            victim = max((s for s in self.running if s.status is SequenceStatus.RUNNING), key=_priority)
+            running = (s for s in self.running if s.status is SequenceStatus.RUNNING)
+            victim = max(running, key=_preemption_order)
             self._preempt(victim, out)
             if victim is seq:
                 return False

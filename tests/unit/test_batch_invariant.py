@@ -36,13 +36,15 @@ def test_alone_it_runs_every_step() -> None:
 
 def test_it_is_preempted_last() -> None:
     sched = make_scheduler(num_blocks=6, budget=64)
+    # x is older than inv in the same class, so plain priority would preempt inv first
+    x = make_seq("x", 8, max_tokens=20)
     inv = invariant_seq("inv", 8, max_tokens=20)
     sched.add(inv)
     run_step(sched)  # inv admitted alone: 2 blocks of 4
-    sched.add(make_seq("x", 8, max_tokens=20))
+    sched.add(x)
     while sched.has_unfinished() and sched.num_preemptions == 0:
         run_step(sched)
-    assert inv.num_preemptions == 0
+    assert inv.num_preemptions == 0 and x.num_preemptions == 1
 
 
 def test_bf16_tokens_equal_a_solo_run(tiny_llama) -> None:  # type: ignore[no-untyped-def]

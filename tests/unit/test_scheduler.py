@@ -18,12 +18,18 @@ BS = 4
 
 
 def make_seq(
-    request_id: str, num_prompt_tokens: int, max_tokens: int = 8, qos: str = "interactive"
+    request_id: str,
+    num_prompt_tokens: int,
+    max_tokens: int = 8,
+    qos: str = "interactive",
+    *,
+    batch_invariant: bool = False,
 ) -> Sequence:
     # distinct token ids per request so prefix caching never links them
     base = 1000 * (1 + sum(map(ord, request_id)))
     tokens = list(range(base, base + num_prompt_tokens))
-    return Sequence(request_id, tokens, SamplingParams(max_tokens=max_tokens, detokenize=False), qos=qos)
+    params = SamplingParams(max_tokens=max_tokens, detokenize=False, batch_invariant=batch_invariant)
+    return Sequence(request_id, tokens, params, qos=qos)
 
 
 def make_scheduler(num_blocks: int = 64, max_num_seqs: int = 8, budget: int = 64) -> Scheduler:
@@ -227,6 +233,55 @@ def test_preempted_request_resumes_and_recomputes_its_outputs() -> None:
     assert c.is_finished and c.output_token_ids == [7] * 4
     assert c.num_preemptions == 1
     assert sched.block_manager.num_free_blocks == 6
+
+
+# A batch-invariant request is preempted only when no other running request is left to
+# preempt (a recompute could change its numerics). These pin it where plain priority
+# (QoS class, then arrival) would pick the protected request: it is newer, or in a lower class.
+
+
+def test_a_batch_invariant_request_is_preempted_last_even_when_newest() -> None:
+    sched = make_scheduler(num_blocks=4)
+    older = make_seq("older", 8, 20)
+    inv = make_seq("inv", 8, 20, batch_invariant=True)  # same class, newer: priority's victim
+    sched.add(older)
+    sched.add(inv)
+    assert plan(run_step(sched)) == [("inv", 8)]  # its own step: 2 blocks
+    assert plan(run_step(sched)) == [("older", 8)]  # the others' step: the last 2 blocks
+    out = run_step(sched)  # inv's 9th token needs a third block
+    assert out.preempted == [older]
+    assert plan(out) == [("inv", 1)]
+    assert inv.num_preemptions == 0 and sched.running == [inv]
+
+
+def test_a_batch_invariant_request_is_preempted_last_even_in_the_lowest_class() -> None:
+    sched = make_scheduler(num_blocks=6)
+    a = make_seq("a", 8, 20)
+    b = make_seq("b", 8, 20, qos="background")
+    inv = make_seq("inv", 8, 20, qos="inline", batch_invariant=True)
+    for seq in (a, b, inv):
+        sched.add(seq)
+    assert plan(run_step(sched)) == [("inv", 8)]
+    assert plan(run_step(sched)) == [("a", 8), ("b", 8)]
+    out = run_step(sched)  # inv needs a block: among the others, QoS order still holds
+    assert out.preempted == [b]
+    assert plan(out) == [("inv", 1)]
+    assert inv.num_preemptions == 0 and a.num_preemptions == 0
+
+
+def test_a_request_yields_itself_rather_than_preempt_a_batch_invariant_one() -> None:
+    sched = make_scheduler(num_blocks=4)
+    older = make_seq("older", 8, 20)
+    inv = make_seq("inv", 6, 20, batch_invariant=True)  # 2 blocks with 2 slots to spare
+    sched.add(older)
+    sched.add(inv)
+    assert plan(run_step(sched)) == [("inv", 6)]
+    assert plan(run_step(sched)) == [("older", 8)]  # no block left
+    assert plan(run_step(sched)) == [("inv", 1)]  # fits in inv's own block
+    out = run_step(sched)  # older's 9th token needs a block; only inv could give one
+    assert out.preempted == [older]
+    assert plan(out) == []
+    assert inv.num_preemptions == 0 and sched.running == [inv]
 
 
 def test_admission_waits_when_blocks_run_out_and_nobody_is_preempted_for_it() -> None:
