@@ -92,7 +92,7 @@ def test_concurrent_requests_use_both_weight_kinds(
 
     with concurrent.futures.ThreadPoolExecutor(len(topics)) as pool:
         results = list(pool.map(write, topics))
-    for text, finish, tokens in results:
-        assert text.strip() and finish in ("stop", "length") and 0 < tokens <= 32
+    for _, finish, tokens in results:  # sampled at 0.7: where it stops is not pinned
+        assert (finish == "stop" and 0 < tokens <= 32) or (finish == "length" and tokens == 32)
     log = default_server.log_text()
     assert "Traceback" not in log and " error argosy" not in log.lower()

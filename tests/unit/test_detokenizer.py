@@ -1,5 +1,5 @@
 """IncrementalDetokenizer against real tokenizers: a byte-level BPE trained here, a Metaspace
-BPE (leading-space context) and, when the loader has fetched it, the SmolLM2 tokenizer.
+BPE (leading-space context) and the SmolLM2 tokenizer (built from the packaged GGUF).
 
 The reference for every streaming result is non-streaming: decode the ids one prefix at a time;
 the first prefix whose (complete) text holds a stop string ends the output, cut before the
@@ -7,8 +7,6 @@ earliest-starting stop in it. Streamed deltas must add up to exactly that."""
 
 from __future__ import annotations
 
-import glob
-import os
 import random
 
 import pytest
@@ -55,16 +53,14 @@ def _metaspace_bpe() -> Tokenizer:
 
 
 BYTE_LEVEL = _byte_level_bpe()
-SMOLLM2_PATHS = sorted(glob.glob(os.path.expanduser("~/.cache/argosy/models/*/tokenizer.json")))
 
 
 @pytest.fixture(params=["byte_level_bpe", "smollm2"])
 def tokenizer(request: pytest.FixtureRequest) -> Tokenizer:
     if request.param == "byte_level_bpe":
         return BYTE_LEVEL
-    if not SMOLLM2_PATHS:
-        pytest.skip("no ~/.cache/argosy/models/*/tokenizer.json (model not pulled)")
-    return Tokenizer.from_file(SMOLLM2_PATHS[0])
+    folder = request.getfixturevalue("smollm2_tokenizer_dir")  # only when this param runs
+    return Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 
 def _random_text(rng: random.Random, length: int) -> str:
