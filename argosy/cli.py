@@ -18,13 +18,12 @@ import dataclasses
 import logging
 import re
 import sys
-import threading
 import typing
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from argosy.config import EngineConfig, OperatorSampling, ServerConfig
+from argosy.config import EngineConfig, ModelSpec, OperatorSampling, ServerConfig
 from argosy.errors import ArgosyError
 
 log = logging.getLogger("argosy")
@@ -34,11 +33,17 @@ _FLAG_NAMES = {
     "enable_prefix_caching": "--no-prefix-cache",
     "served_model_name": "--served-model-name",
 }
-_BYTE_SIZE_FIELDS = {"kv_cache_memory", "max_body_bytes", "session_max_bytes"}
-_DURATION_FIELDS = {"session_ttl", "request_timeout"}
-_HIDDEN_FIELDS = {"operator_sampling"}
+_BYTE_SIZE_FIELDS = {"kv_cache_memory", "max_body_bytes", "session_max_bytes", "max_loaded_memory"}
+_DURATION_FIELDS = {"session_ttl", "request_timeout", "model_load_timeout", "keep_alive"}
+_HIDDEN_FIELDS = {"operator_sampling", "model"}  # --model is repeatable: see model_specs
 _HELP = {
     "model": "a registered name (smollm2), a .gguf file or a Hugging Face folder",
+    "native_ops": "on | off: Argosy's C++ CPU ops (built on first use); off: the Python ops",
+    "max_loaded_models": "most models loaded at once; past it the least recently used unpinned one is unloaded",
+    "max_loaded_memory": "bytes of loaded models (weights + KV pool) before the least recently used is unloaded",
+    "max_concurrent_loads": "model loads running at once",
+    "model_load_timeout": "seconds a request waits for its model to load, then 503 + Retry-After",
+    "keep_alive": "unload a model idle this long (suffixes as for --session-ttl); default: never",
     "dtype": "auto | bfloat16 | float32 | float16 (auto: bf16 where the CPU has it)",
     "quantization": "weight-only: none | int4 (a GGUF's own Q4_0/Q4_1 blocks) | int8 | auto (int4 where the file has them)",
     "max_model_len": "context length (default: the model's, capped by the KV cache)",
@@ -132,7 +137,26 @@ def _values_for(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="argosy", description="Self-hosted LLM inference daemon.")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve a model over HTTP (OpenAI dialect)")
+    serve = commands.add_parser("serve", help="serve models over HTTP (OpenAI dialect)")
+    models = serve.add_argument_group("models")
+    models.add_argument(
+        "--model",
+        dest="models",
+        action="append",
+        default=None,
+        metavar="[ID=]SOURCE[:QUANT]",
+        help="a model to serve, repeatable: smollm2, fast=smollm2:int4, minilm (embeddings), "
+        "a .gguf file or a model folder; the first one is loaded at start-up, the others on request "
+        "(default: smollm2)",
+    )
+    models.add_argument(
+        "--models",
+        dest="models_file",
+        default=None,
+        metavar="MODELS.TOML",
+        help="models from a TOML file ([[model]] tables: id, source, kind, aliases, quantization, "
+        "compile, max_model_len, keep_alive, pinned, [model.sampling])",
+    )
     _add_flags(serve, EngineConfig, "engine")
     _add_flags(serve, ServerConfig, "server")
     _add_flags(serve, OperatorSampling, "operator sampling defaults")
@@ -147,14 +171,98 @@ def _flag_of(param: str | None) -> str:
 
 def configs_from_args(
     parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> tuple[EngineConfig, ServerConfig]:
+) -> tuple[EngineConfig, ServerConfig, list[ModelSpec]]:
     try:
         operator = OperatorSampling(**_values_for(args, OperatorSampling))
-        engine_config = EngineConfig(**_values_for(args, EngineConfig))
+        specs = model_specs(getattr(args, "models", None), getattr(args, "models_file", None))
+        engine_config = EngineConfig(model=specs[0].source, **_values_for(args, EngineConfig))
         server_config = ServerConfig(**_values_for(args, ServerConfig), operator_sampling=operator)
+        if server_config.served_model_name is not None:
+            specs[0] = dataclasses.replace(
+                specs[0], id=server_config.served_model_name, aliases=(*specs[0].aliases, specs[0].id)
+            )
     except ArgosyError as exc:
         parser.error(f"{_flag_of(exc.param)}: {exc.message}")
-    return engine_config, server_config
+    return engine_config, server_config, specs
+
+
+_QUANTIZATIONS = ("none", "int4", "int8", "auto")
+
+
+def parse_model_arg(text: str) -> ModelSpec:
+    """`[ID=]SOURCE[:QUANT]` -> a ModelSpec; the kind is inferred from the source."""
+    model_id, has_id, rest = text.partition("=")
+    if not has_id:
+        model_id, rest = "", text
+    source, quantization = rest, None
+    head, colon, tail = rest.rpartition(":")
+    if colon and tail in _QUANTIZATIONS:
+        source, quantization = head, tail
+    if not source:
+        raise ArgosyError(f"no model source in {text!r}", param="model")
+    return ModelSpec(
+        id=model_id or source,
+        source=source,
+        kind=model_kind(source),
+        quantization=quantization,
+    )
+
+
+def model_kind(source: str) -> str:
+    """embedding for a registered embedding name or a sentence-transformers folder, else chat."""
+    from argosy.models.embedding_source import EMBEDDING_REGISTRY
+
+    if source in EMBEDDING_REGISTRY:
+        return "embedding"
+    folder = Path(source).expanduser()
+    if folder.is_dir() and (
+        (folder / "modules.json").exists() or (folder / "sentence_bert_config.json").exists()
+    ):
+        return "embedding"
+    return "chat"
+
+
+def models_from_toml(path: str) -> list[ModelSpec]:
+    import tomllib
+
+    try:
+        with open(Path(path).expanduser(), "rb") as file:
+            document = tomllib.load(file)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ArgosyError(f"cannot read {path}: {exc}", param="models_file") from exc
+    tables = document.get("model", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ArgosyError(f"{path}: expected [[model]] tables", param="models_file")
+    specs = []
+    known = {f.name for f in dataclasses.fields(ModelSpec)}
+    for position, table in enumerate(tables):
+        unknown = sorted(set(table) - known)
+        if unknown:
+            raise ArgosyError(f"{path}: model {position}: unknown keys {', '.join(unknown)}", "models_file")
+        values = dict(table)
+        if "source" not in values:
+            raise ArgosyError(f"{path}: model {position} has no source", param="models_file")
+        values.setdefault("id", values["source"])
+        values.setdefault("kind", model_kind(values["source"]))
+        values["aliases"] = tuple(values.get("aliases", ()))
+        if "keep_alive" in values and isinstance(values["keep_alive"], str):
+            values["keep_alive"] = parse_duration(values["keep_alive"])
+        if "sampling" in values:
+            values["sampling"] = OperatorSampling(**values["sampling"])
+        try:
+            specs.append(ModelSpec(**values))
+        except TypeError as exc:
+            raise ArgosyError(f"{path}: model {position}: {exc}", param="models_file") from exc
+    return specs
+
+
+def model_specs(model_args: list[str] | None, models_file: str | None) -> list[ModelSpec]:
+    """The configured models: --models' file first, then each --model; smollm2 when none."""
+    specs = models_from_toml(models_file) if models_file else []
+    specs += [parse_model_arg(text) for text in model_args or []]
+    if not specs:
+        specs = [parse_model_arg("smollm2")]
+    return specs
 
 
 def _print_config(engine_config: EngineConfig, server_config: ServerConfig) -> None:
@@ -171,28 +279,49 @@ def _print_config(engine_config: EngineConfig, server_config: ServerConfig) -> N
 SWITCH_INTERVAL_S = 0.0005
 
 
-def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
+IDLE_SWEEP_S = 5.0
+
+
+def serve(
+    engine_config: EngineConfig, server_config: ServerConfig, specs: list[ModelSpec] | None = None
+) -> int:
+    import asyncio
+
     import uvicorn
 
     from argosy.api.app import build_app
+    from argosy.core.local import LocalModelLoader
     from argosy.core.recording import open_recorder
-    from argosy.core.service import Core
+    from argosy.core.registry import ModelRegistry
+    from argosy.process import configure_process
 
+    specs = specs or [ModelSpec(id=engine_config.model, source=engine_config.model)]
     # The engine thread gives up the GIL in every torch kernel and must get it back quickly
     # between kernels; with CPython's default 5 ms switch interval the HTTP thread can hold
     # it that long per token.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    core = Core(engine_config, server_config)
+    configure_process(engine_config)
     data_dir = Path(server_config.data_dir).expanduser()
     try:
-        core.sessions = open_recorder(
+        sessions = open_recorder(
             data_dir, ttl_seconds=server_config.session_ttl, max_bytes=server_config.session_max_bytes
         )
     except (ArgosyError, OSError) as exc:
         log.error("cannot open the session store in %s: %s", data_dir, exc)
         return 1
     log.info("sessions stored in %s", data_dir)
-    app = build_app(core, server_config)
+    registry = ModelRegistry(
+        specs,
+        LocalModelLoader(engine_config, server_config, sessions),
+        max_loaded_models=server_config.max_loaded_models,
+        max_loaded_memory=server_config.max_loaded_memory,
+        max_concurrent_loads=server_config.max_concurrent_loads,
+        load_timeout_s=server_config.model_load_timeout,
+        keep_alive_s=server_config.keep_alive,
+        operator_sampling=server_config.operator_sampling,
+    )
+    preloaded = [specs[0].id, *(s.id for s in specs[1:] if s.pinned)]
+    app = build_app(registry, server_config, sessions=sessions, preloaded=preloaded)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -205,52 +334,49 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> int:
             timeout_graceful_shutdown=5,
         )
     )
-    engines: list[Any] = []
+    failed: list[str] = []
 
-    def load_model() -> None:
-        try:
-            from argosy.engine.async_engine import AsyncEngine
-            from argosy.engine.llm_engine import LLMEngine
-
-            engines.append(AsyncEngine(lambda: LLMEngine(engine_config)))  # built on its own thread
-            core.attach(engines[0])
-            info = core.model_info()
-            log.info(
-                "serving %r: %s dtype=%s context=%s sampling defaults %s",
-                core.model_id,
-                info.architecture,
-                info.dtype,
-                info.context_length,
-                info.sampling_defaults,
-            )
-        except BaseException as exc:  # the server cannot serve: say why and stop
-            log.exception("model %r failed to load", engine_config.model)
-            core.fail(f"{type(exc).__name__}: {exc}")
+    def on_load_failed(entry: Any) -> None:
+        if entry.spec.id in preloaded:  # the server cannot serve what it was started for
+            failed.append(entry.spec.id)
             server.should_exit = True
+
+    registry.on_load_failed = on_load_failed
+
+    async def sweep() -> None:
+        while True:
+            await asyncio.sleep(IDLE_SWEEP_S)
+            try:
+                await registry.sweep_idle()
+            except Exception:
+                log.exception("idle sweep failed")
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
-        threading.Thread(target=load_model, name="argosy-load", daemon=True).start()
+        tasks = [asyncio.create_task(registry.preload()), asyncio.create_task(sweep())]
         yield
+        for task in tasks:
+            task.cancel()
 
     app.router.lifespan_context = lifespan
     try:
         server.run()
     finally:
-        for engine in engines:
-            engine.shutdown()
-        core.sessions.close()  # after the last generation committed its events
-    return 1 if core.state == "failed" else 0
+        registry.shutdown()
+        sessions.close()  # after the last generation committed its events
+    return 1 if failed else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    engine_config, server_config = configs_from_args(parser, args)
+    engine_config, server_config, specs = configs_from_args(parser, args)
     logging.basicConfig(
         level=server_config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     _print_config(engine_config, server_config)
-    return serve(engine_config, server_config)
+    for spec in specs:
+        print(f"argosy: model: {spec}", flush=True)
+    return serve(engine_config, server_config, specs)

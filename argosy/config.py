@@ -5,7 +5,7 @@ Nothing below cli.py reads the environment. Every value is validated in __post_i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from argosy.errors import InvalidRequestError
 
@@ -20,6 +20,9 @@ class EngineConfig:
     quantization: str = "auto"  # auto | none | int4 | int8
     device: str = "cpu"
     compile: str = "on"  # on | off: torch.compile the decode step at start-up (eager fallback)
+    # on | off: Argosy's C++ ops (argosy/ops/csrc), built on first use; off: the Python ops.
+    # Process-wide (argosy/process.py), set from the first model's config.
+    native_ops: str = "on"
     max_model_len: int | None = None  # None: the model's own context length
     block_size: int = 16
     # bytes for K and V across all layers. The pool's pages become resident as blocks are first
@@ -59,6 +62,8 @@ class EngineConfig:
             )
         if self.compile not in ("off", "on"):
             raise InvalidRequestError(f"compile must be off or on, got {self.compile!r}", "compile")
+        if self.native_ops not in ("off", "on"):
+            raise InvalidRequestError(f"native_ops must be off or on, got {self.native_ops!r}", "native_ops")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise InvalidRequestError(
                 f"block_size must be a power of two, got {self.block_size}", "block_size"
@@ -138,6 +143,51 @@ def _in(value: float | None, low: float, high: float) -> bool:
     return value is None or low <= value <= high
 
 
+MODEL_KINDS = ("chat", "embedding")
+
+
+@dataclass(slots=True)
+class ModelSpec:
+    """One configured model (`--model`, repeatable, or a `--models` TOML file). Fields left
+    None take the engine flags' values (`engine_config`)."""
+
+    id: str  # what clients name
+    source: str  # a registered name (smollm2, minilm), a .gguf file or a model folder
+    kind: str = "chat"  # chat | embedding
+    aliases: tuple[str, ...] = ()
+    quantization: str | None = None
+    compile: str | None = None
+    max_model_len: int | None = None
+    keep_alive: float | None = None  # seconds idle before it is unloaded; None: the server's
+    pinned: bool = False  # loaded at start-up and never unloaded to make room
+    sampling: OperatorSampling | None = None  # this model's operator sampling defaults
+
+    def __post_init__(self) -> None:
+        if not self.id.strip():
+            raise InvalidRequestError("a model id must not be empty", "model")
+        if not self.source.strip():
+            raise InvalidRequestError(f"model {self.id!r}: its source must not be empty", "model")
+        if self.kind not in MODEL_KINDS:
+            raise InvalidRequestError(
+                f"model {self.id!r}: kind must be one of {', '.join(MODEL_KINDS)}, got {self.kind!r}", "model"
+            )
+        if self.keep_alive is not None and self.keep_alive < 0:
+            raise InvalidRequestError(f"model {self.id!r}: keep_alive must be >= 0", "model")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.id, *self.aliases)
+
+    def engine_config(self, base: EngineConfig) -> EngineConfig:
+        """The engine config this model loads with: `base` with this model's overrides."""
+        overrides: dict[str, object] = {"model": self.source}
+        for name in ("quantization", "compile", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None:
+                overrides[name] = value
+        return replace(base, **overrides)  # type: ignore[arg-type]
+
+
 @dataclass(slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -152,6 +202,12 @@ class ServerConfig:
     # Admission (SPEC §6)
     max_queued_requests: int = 256  # requests waiting to start, beyond which a 503 answers
     request_timeout: float = 600.0  # wall-clock seconds per generation, then finish "length"
+    # Model registry (argosy/core/registry.py)
+    max_loaded_models: int | None = None  # None: no limit; past it the least recently used goes
+    max_loaded_memory: int | None = None  # bytes of loaded models (weights + KV) before LRU unloads
+    max_concurrent_loads: int = 1  # model loads running at once
+    model_load_timeout: float = 120.0  # seconds a request waits for its model, then 503
+    keep_alive: float | None = None  # seconds a model may sit idle before it is unloaded; None: forever
     operator_sampling: OperatorSampling = field(default_factory=OperatorSampling)
 
     def __post_init__(self) -> None:
@@ -171,6 +227,16 @@ class ServerConfig:
             raise InvalidRequestError("max_queued_requests must be at least 0", "max_queued_requests")
         if self.request_timeout <= 0:
             raise InvalidRequestError("request_timeout must be positive", "request_timeout")
+        if self.max_loaded_models is not None and self.max_loaded_models < 1:
+            raise InvalidRequestError("max_loaded_models must be at least 1", "max_loaded_models")
+        if self.max_loaded_memory is not None and self.max_loaded_memory < 1:
+            raise InvalidRequestError("max_loaded_memory must be positive", "max_loaded_memory")
+        if self.max_concurrent_loads < 1:
+            raise InvalidRequestError("max_concurrent_loads must be at least 1", "max_concurrent_loads")
+        if self.model_load_timeout <= 0:
+            raise InvalidRequestError("model_load_timeout must be positive", "model_load_timeout")
+        if self.keep_alive is not None and self.keep_alive < 0:
+            raise InvalidRequestError("keep_alive must be >= 0", "keep_alive")
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             raise InvalidRequestError(
                 f"log_level must be critical, error, warning, info or debug, got {self.log_level!r}",

@@ -58,3 +58,13 @@ class EngineDeadError(ArgosyError):
     """The engine loop stopped; no request can be served (HTTP 500)."""
 
     kind = "internal_error"
+
+
+class ModelUnavailableError(OverloadedError):
+    """The model named is not loaded and could not be loaded in time (HTTP 503 + Retry-After)."""
+
+    kind = "model_loading"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, retry_after_s)
+        self.code = "model_loading"

@@ -11,6 +11,7 @@ from argosy.config import EngineConfig
 from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.output_processor import OutputProcessor
 from argosy.engine.outputs import TokenLogprob
+from argosy.process import configure_process
 from argosy.sampling_params import SamplingParams
 
 
@@ -31,7 +32,9 @@ class LLM:
     """Runs the engine in the calling thread; all prompts are batched together."""
 
     def __init__(self, model: str = "smollm2", **engine_options: Any) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_options))
+        config = EngineConfig(model=model, **engine_options)
+        configure_process(config)
+        self.engine = LLMEngine(config)
         self._ids = itertools.count()
 
     @property

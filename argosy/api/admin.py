@@ -1,8 +1,9 @@
 """Health and engine introspection: `GET /health`, `GET /v1/argosy/engine`.
 
-/health never needs a key: 200 {"status": "ok"} once the model serves, 503 with
-{"status": "loading"} before, {"status": "failed"} if it could not load, {"status": "dead"}
-if the engine loop stopped.
+/health never needs a key and stays cheap: 200 {"status": "ok", "models": {id: state}} once
+the models loaded at start-up serve; 503 with {"status": "loading"} before, {"status":
+"failed"} if one of them could not load, {"status": "dead"} if a loaded model's engine loop
+stopped. Models loaded on request do not hold /health back.
 """
 
 from __future__ import annotations
@@ -11,30 +12,49 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from argosy.core.service import Core
+from argosy.core.registry import ModelRegistry
+from argosy.core.service import ModelService
+from argosy.errors import InvalidRequestError
 
 router = APIRouter()
 
 
+def server_state(registry: ModelRegistry, preloaded: list[str]) -> str:
+    """ok | loading | failed | dead"""
+    states = {e.spec.id: e.state for e in registry.entries}
+    if any(e.state == "loaded" and not e.service.is_alive for e in registry.entries):
+        return "dead"
+    if any(states[model_id] == "failed" for model_id in preloaded):
+        return "failed"
+    if any(states[model_id] != "loaded" for model_id in preloaded):
+        return "loading"
+    return "ok"
+
+
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    core: Core = request.app.state.core
-    state = core.state
-    body = {"status": "ok" if state == "ready" else state}
-    return JSONResponse(body, status_code=200 if state == "ready" else 503)
+    registry: ModelRegistry = request.app.state.registry
+    state = server_state(registry, request.app.state.preloaded)
+    models = {e.spec.id: e.state for e in registry.entries}
+    return JSONResponse({"status": state, "models": models}, status_code=200 if state == "ok" else 503)
 
 
 @router.get("/v1/argosy/engine")
 async def engine_stats(request: Request) -> JSONResponse:
-    core: Core = request.app.state.core
-    stats, num_in_flight = core.engine_stats()
+    """A loaded chat model's engine counters (`?model=`; default the first chat model)."""
+    registry: ModelRegistry = request.app.state.registry
+    entry = registry.resolve(request.query_params.get("model"), "chat")
+    if entry.state != "loaded":
+        raise InvalidRequestError(f"Model {entry.spec.id!r} is {entry.state}, not loaded.", "model")
+    service: ModelService = entry.service
+    stats, num_in_flight = service.engine_stats()
     return JSONResponse(
         {
-            "model": core.model_id,
+            "model": service.model_id,
             "num_running": stats.num_running,
             "num_waiting": stats.num_waiting,
             "num_in_flight": num_in_flight,
-            "num_queued": core.admission.num_waiting,  # admitted, not started (--max-queued-requests)
+            "num_queued": service.admission.num_waiting,  # admitted, not started (--max-queued-requests)
             "num_free_blocks": stats.num_free_blocks,
             "num_total_blocks": stats.num_total_blocks,
             "kv_cache_usage": stats.kv_cache_usage,

@@ -11,39 +11,61 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.types import Scope
 
 from argosy.api import admin
 from argosy.api.errors import APIError, headers_of, internal_error, openai_error_body, status_of
 from argosy.api.openai import chat as openai_chat
 from argosy.api.openai import completions as openai_completions
+from argosy.api.openai import embeddings as openai_embeddings
 from argosy.api.openai import models as openai_models
 from argosy.api.openai.responses import route as openai_responses
 from argosy.api.transport import ArrivalMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from argosy.config import ServerConfig
-from argosy.core.service import Core
+from argosy.core.pipeline import Pipeline
+from argosy.core.recording import SessionRecorder
+from argosy.core.registry import ModelRegistry
 from argosy.errors import ArgosyError, InvalidRequestError
 
 log = logging.getLogger("argosy.access")
 
-# Each dialect renders errors in its own envelope, chosen by path prefix (Anthropic and
-# Ollama join here); anything else, unknown routes included, gets OpenAI's.
-_RENDERERS: list[tuple[str, Callable[[ArgosyError], dict[str, Any]]]] = []
+ErrorRenderer = Callable[[ArgosyError], dict[str, Any]]
 
 
-def _renderer_for(path: str) -> Callable[[ArgosyError], dict[str, Any]]:
-    for prefix, render in _RENDERERS:
-        if path.startswith(prefix):
-            return render
-    return openai_error_body
+class ErrorRenderers:
+    """Each dialect's error envelope, registered by route path (not by prefix): an error on a
+    route renders in that route's dialect; anything else, unknown routes included, in
+    OpenAI's."""
+
+    def __init__(self, default: ErrorRenderer = openai_error_body) -> None:
+        self.default = default
+        self._by_path: dict[str, ErrorRenderer] = {}
+
+    def register(self, path: str, render: ErrorRenderer) -> None:
+        self._by_path[path] = render
+
+    def for_scope(self, scope: Scope) -> ErrorRenderer:
+        route = scope.get("route")
+        path_format = getattr(route, "path", None) if route is not None else None
+        if path_format is not None and path_format in self._by_path:
+            return self._by_path[path_format]
+        return self._by_path.get(scope.get("path", ""), self.default)
 
 
-def error_response(path: str, error: ArgosyError) -> JSONResponse:
-    return JSONResponse(_renderer_for(path)(error), status_code=status_of(error), headers=headers_of(error))
+def _renderers(request_or_scope: Any) -> ErrorRenderers:
+    app = request_or_scope["app"] if isinstance(request_or_scope, dict) else request_or_scope.app
+    renderers: ErrorRenderers = app.state.error_renderers
+    return renderers
+
+
+def error_response(scope: Scope, error: ArgosyError) -> JSONResponse:
+    render = _renderers(scope).for_scope(scope)
+    return JSONResponse(render(error), status_code=status_of(error), headers=headers_of(error))
 
 
 async def _on_argosy_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ArgosyError)
-    response = error_response(request.url.path, exc)
+    response = error_response(request.scope, exc)
     log.info(
         "%s %s -> %d %s: %s", request.method, request.url.path, response.status_code, exc.kind, exc.message
     )
@@ -75,24 +97,43 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     logging.getLogger("argosy.api").exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(request.url.path, internal_error(exc))
+    return error_response(request.scope, internal_error(exc))
 
 
 # the routes that start generations (counted as arriving at the engine, see ArrivalMiddleware)
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
-def build_app(core: Core, config: ServerConfig) -> FastAPI:
+def build_app(
+    registry: ModelRegistry,
+    config: ServerConfig,
+    *,
+    sessions: SessionRecorder | None = None,
+    pipeline: Pipeline | None = None,
+    preloaded: list[str] | None = None,
+) -> FastAPI:
+    """The HTTP app over `registry`. `preloaded`: the models /health waits for."""
     app = FastAPI(title="Argosy", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.core = core
-    for module in (admin, openai_models, openai_chat, openai_completions, openai_responses):
+    app.state.registry = registry
+    app.state.pipeline = pipeline or Pipeline(registry)
+    app.state.sessions = sessions
+    app.state.preloaded = preloaded if preloaded is not None else [registry.entries[0].spec.id]
+    app.state.error_renderers = ErrorRenderers()
+    for module in (
+        admin,
+        openai_models,
+        openai_chat,
+        openai_completions,
+        openai_responses,
+        openai_embeddings,
+    ):
         app.include_router(module.router)
     app.add_exception_handler(ArgosyError, _on_argosy_error)
     app.add_exception_handler(HTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(Exception, _on_unexpected)
     # Added last = outermost: the request id is on every response, 413s included.
-    app.add_middleware(ArrivalMiddleware, arriving=core.arriving, paths=GENERATION_PATHS)
+    app.add_middleware(ArrivalMiddleware, arriving=registry.arriving, paths=GENERATION_PATHS)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, render=error_response)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -1,4 +1,5 @@
-"""Server-sent events framing, once for every SSE dialect.
+"""Stream framing, once for every dialect: server-sent events (OpenAI, Anthropic) and NDJSON
+(Ollama).
 
 A stream is `data: {json}\\n\\n` frames, then `data: [DONE]\\n\\n` when it ended normally. A
 failure after the first byte went out cannot change the status any more: it becomes one
@@ -41,6 +42,10 @@ def error_frame(payload: Any) -> bytes:
     return b"event: error\ndata: " + _json(payload) + b"\n\n"
 
 
+def event_frame(kind: str, payload: Any) -> bytes:
+    return f"event: {kind}\ndata: ".encode() + _json(payload) + b"\n\n"
+
+
 def degraded_comment(fields: list[str]) -> bytes:
     return b": x-argosy-degraded: " + ", ".join(fields).encode("utf-8") + b"\n\n"
 
@@ -49,12 +54,17 @@ async def sse_frames(
     chunks: AsyncIterator[dict[str, Any]],
     render_error: Callable[[ArgosyError], dict[str, Any]],
     degraded: list[str] | None = None,
+    *,
+    event_key: str | None = None,
+    done: bool = True,
 ) -> AsyncIterator[bytes]:
-    """Frame each chunk; end with [DONE], or with one error frame if `chunks` raised.
-    `degraded` is read at the end (the stream fills it as it goes)."""
+    """Frame each chunk; end with [DONE] (unless `done` is False), or with one error frame if
+    `chunks` raised. `event_key`: name each frame's event by that field of its payload
+    (`event: response.created`), as the Responses and Anthropic streams do. `degraded` is
+    read at the end (the stream fills it as it goes)."""
     try:
         async for chunk in chunks:
-            yield data_frame(chunk)
+            yield event_frame(chunk[event_key], chunk) if event_key is not None else data_frame(chunk)
     except ArgosyError as exc:
         yield error_frame(render_error(exc))
         return
@@ -66,11 +76,31 @@ async def sse_frames(
         await chunks.aclose()  # type: ignore[attr-defined]
     if degraded:
         yield degraded_comment(degraded)
-    yield DONE_FRAME
+    if done:
+        yield DONE_FRAME
+
+
+async def ndjson_lines(
+    chunks: AsyncIterator[dict[str, Any]],
+    render_error: Callable[[ArgosyError], dict[str, Any]],
+) -> AsyncIterator[bytes]:
+    """One JSON object per line (Ollama's streams); a failure under way is one last line
+    with the dialect's error object."""
+    try:
+        async for chunk in chunks:
+            yield _json(chunk) + b"\n"
+    except ArgosyError as exc:
+        yield _json(render_error(exc)) + b"\n"
+    except Exception as exc:
+        log.exception("stream failed")
+        yield _json(render_error(internal_error(exc))) + b"\n"
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
 
 
 class SSEResponse(StreamingResponse):
-    """A StreamingResponse for text/event-stream that always closes its iterator.
+    """A StreamingResponse for text/event-stream (or `media_type`) that always closes its
+    iterator.
 
     Starlette stops iterating when the client disconnects but leaves the generator to the
     garbage collector; closing it here runs the dialect's and the core's cleanup (which
@@ -79,12 +109,19 @@ class SSEResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        headers: dict[str, str] | None = None,
+        media_type: str | None = None,
+    ) -> None:
         super().__init__(
             content,
             headers={"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})},
+            media_type=media_type or self.media_type,
         )
         self._frames = content
+        self.closers: list[Callable[[], None]] = []  # run after the frames closed, whatever happened
 
     async def stream_response(self, send: Send) -> None:
         try:
@@ -92,3 +129,9 @@ class SSEResponse(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self._frames.aclose()  # type: ignore[attr-defined]
+            for close in self.closers:
+                close()
+
+
+class NDJSONResponse(SSEResponse):
+    media_type = "application/x-ndjson"

@@ -12,7 +12,7 @@ import contextlib
 import re
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import pydantic
 from starlette.datastructures import Headers, MutableHeaders
@@ -21,7 +21,6 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from argosy.api.errors import APIError, from_validation_error
-from argosy.engine.arrivals import Arrival, current_arrival
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 T = TypeVar("T")
@@ -45,7 +44,7 @@ class BodyLimitMiddleware:
         self,
         app: ASGIApp,
         max_bytes: int,
-        render: Callable[[str, APIError], JSONResponse],
+        render: Callable[[Scope, APIError], JSONResponse],
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
@@ -59,10 +58,10 @@ class BodyLimitMiddleware:
         if declared is not None:
             if not declared.isdigit():
                 error = APIError("invalid_request", "The Content-Length header is not a number.")
-                await self.render(scope["path"], error)(scope, receive, send)
+                await self.render(scope, error)(scope, receive, send)
                 return
             if int(declared) > self.max_bytes:
-                await self.render(scope["path"], payload_too_large(self.max_bytes))(scope, receive, send)
+                await self.render(scope, payload_too_large(self.max_bytes))(scope, receive, send)
                 return
         num_received = 0
 
@@ -100,12 +99,17 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
-class ArrivalMiddleware:
-    """Counts each POST to a generation route as arriving at the engine from its start until
-    it reaches the engine (AsyncEngine.generate marks it) or its response ends, so an idle
-    engine can wait for a burst's stragglers (argosy/engine/async_engine.py)."""
+class Arriving(Protocol):
+    def done(self) -> None: ...
 
-    def __init__(self, app: ASGIApp, arriving: Callable[[], Arrival], paths: tuple[str, ...]) -> None:
+
+class ArrivalMiddleware:
+    """Counts each POST to a generation route as arriving at the engines from its start until
+    it reaches its model's engine (the core hands the count to `generate`) or its response
+    ends, so an idle engine can wait for a burst's stragglers (argosy/engine/async_engine.py).
+    The count travels in the request's scope state (`arrivals`), read by the route runner."""
+
+    def __init__(self, app: ASGIApp, arriving: Callable[[], Arriving], paths: tuple[str, ...]) -> None:
         self.app = app
         self.arriving = arriving
         self.paths = paths
@@ -114,13 +118,12 @@ class ArrivalMiddleware:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
             return
-        arrival = self.arriving()
-        token = current_arrival.set(arrival)
+        arrivals = self.arriving()
+        scope.setdefault("state", {})["arrivals"] = arrivals
         try:
             await self.app(scope, receive, send)
         finally:
-            arrival.done()
-            current_arrival.reset(token)
+            arrivals.done()
 
 
 async def read_model(request: Request, model: type[ModelT]) -> ModelT:

@@ -16,9 +16,10 @@ from typing import Any
 from argosy.chat.messages import ChatInput
 from argosy.chat.parsing import prompt_opens_reasoning
 from argosy.core.channels import ChannelSpec
-from argosy.core.constraints import GuideFactory, plan_constraints, reasoning_aware
-from argosy.core.service import Core
+from argosy.core.constraints import guide_spec, plan_constraints
+from argosy.core.service import ModelService
 from argosy.core.stream import CoreRequest
+from argosy.runner.structured import GuideSpec
 from argosy.sampling_params import RequestSampling
 
 
@@ -27,7 +28,7 @@ class PreparedChat:
     prompt_text: str
     prompt_ids: list[int]
     channels: ChannelSpec
-    guide_factory: GuideFactory | None = None
+    guide: GuideSpec | None = None
     keeps_special_tokens: bool = False  # detokenize with special tokens (markers among them)
     degraded: list[str] = field(default_factory=list)
 
@@ -44,12 +45,12 @@ class PreparedChat:
             sampling=self.sampling(sampling),
             prompt_param=fields.pop("prompt_param", "messages"),
             channels=self.channels,
-            guide_factory=self.guide_factory,
+            guide=self.guide,
             **fields,
         )
 
 
-async def prepare_chat(core: Core, chat: ChatInput) -> PreparedChat:
+async def prepare_chat(core: ModelService, chat: ChatInput) -> PreparedChat:
     profile = core.chat_profile()
     constraints = plan_constraints(chat, profile.call_family.call_syntax)
     prompt_text = profile.render(chat.messages, constraints.prompt_tools, chat.template_kwargs)
@@ -59,13 +60,12 @@ async def prepare_chat(core: Core, chat: ChatInput) -> PreparedChat:
         has_reasoning=profile.has_reasoning,
         is_reasoning_open=is_reasoning_open,
     )
-    guide_factory: GuideFactory | None = None
+    guide: GuideSpec | None = None
     if constraints.grammar is not None:
-        service = core.grammar
-        assert service is not None  # set when the model attached
-        compiled = await service.compile(constraints.grammar, constraints.grammar_param)
-        guide_factory = reasoning_aware(
-            lambda: service.guide(compiled),
+        # compiled (and cached) where the engine runs; a schema it cannot take is a 400 now
+        await core.compile_grammar(constraints.grammar, constraints.grammar_param)
+        guide = guide_spec(
+            constraints.grammar,
             start_ids=profile.reasoning_start_ids,
             end_ids=profile.reasoning_end_ids,
             is_reasoning_open=is_reasoning_open,
@@ -75,7 +75,7 @@ async def prepare_chat(core: Core, chat: ChatInput) -> PreparedChat:
         prompt_text=prompt_text,
         prompt_ids=profile.tokenize(prompt_text),
         channels=ChannelSpec(profile.call_family, options, profile.strip_texts),
-        guide_factory=guide_factory,
+        guide=guide,
         keeps_special_tokens=profile.keeps_special_tokens,
         degraded=constraints.degraded,
     )

@@ -22,23 +22,13 @@ call with no tools, json_schema without a schema, duplicate tool names.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from argosy.chat.families import CallSyntax
 from argosy.chat.messages import ChatInput, OutputFormat, ToolChoice, ToolDefinition
 from argosy.chat.parser_options import ParserOptions
 from argosy.errors import InvalidRequestError
-from argosy.runner.structured import (
-    DelayedGuide,
-    GrammarSpec,
-    OptionalReasoningGuide,
-    TokenGuide,
-    ToolCallGrammar,
-    ToolSchema,
-)
-
-GuideFactory = Callable[[], TokenGuide]
+from argosy.runner.structured import GrammarSpec, GuideSpec, ToolCallGrammar, ToolSchema
 
 
 @dataclass(slots=True)
@@ -130,23 +120,22 @@ def output_grammar(output_format: OutputFormat) -> GrammarSpec:
     return GrammarSpec("json_schema", output_format.schema, strict=output_format.strict)
 
 
-def reasoning_aware(
-    make_inner: GuideFactory,
+def guide_spec(
+    grammar: GrammarSpec,
     *,
     start_ids: list[int],
     end_ids: list[int],
     is_reasoning_open: bool,
     may_reason: bool,
-) -> GuideFactory:
-    """Guides that leave a thinking model's reasoning free and constrain what follows it.
+) -> GuideSpec:
+    """A guide that leaves a thinking model's reasoning free and constrains what follows it.
 
     The prompt opened the reasoning block: the grammar starts after the end marker. The model
     may open one itself (a one-token start marker, thinking not switched off): the first token
     is that marker or the grammar's. Otherwise the grammar holds from the first token.
     """
     if is_reasoning_open and end_ids:
-        return lambda: DelayedGuide(make_inner(), end_ids)
+        return GuideSpec(grammar, "delayed", end_token_ids=tuple(end_ids))
     if may_reason and len(start_ids) == 1 and end_ids:
-        start_id = start_ids[0]
-        return lambda: OptionalReasoningGuide(make_inner(), start_id, end_ids)
-    return make_inner
+        return GuideSpec(grammar, "optional", start_token_id=start_ids[0], end_token_ids=tuple(end_ids))
+    return GuideSpec(grammar)

@@ -1,15 +1,16 @@
-"""The core: CoreRequest -> a stream of neutral events. The ONLY caller of the engine.
+"""ModelService: one loaded generation model as the core sees it — its EngineClient, chat
+template and profile, sampling defaults, admission queue — and the way its requests start.
 
 Dialects turn a request into a CoreRequest (prompt token ids, the sampling the client asked
 for, n, echo) and render the events back. Everything that is the same in every dialect lives
-here once: model identity and readiness, chat-template rendering and tokenization, sampling
-resolution (SPEC §3), n > 1 fan-out, logprobs and echo, usage, cancellation and the access
-log.
+here once: model identity, chat-template rendering and tokenization, sampling resolution
+(SPEC §3), n > 1 fan-out, logprobs and echo, usage, cancellation and the access log.
 
-Lifecycle of one generation: `Core.start()` does every check that can fail (sampling ranges,
-context length, token ids) before anything reaches the engine and raises typed errors;
-the returned CoreStream (core_stream.py) is an async context manager, whose exit (normal,
+Lifecycle of one generation: `ModelService.start()` does every check that can fail (sampling
+ranges, context length, token ids) before anything reaches the engine and raises typed
+errors; the returned CoreStream (stream.py) is an async context manager, whose exit (normal,
 error, client gone, task cancelled) aborts whatever is still running in the engine.
+The registry (registry.py) builds a ModelService once the model's engine is up.
 """
 
 from __future__ import annotations
@@ -17,31 +18,29 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from argosy.api.errors import APIError
 from argosy.chat.profile import ChatProfile
 from argosy.chat.template import ChatTemplate
-from argosy.config import EngineConfig, ServerConfig
+from argosy.config import ModelSpec, OperatorSampling, ServerConfig
 from argosy.core.admission import AdmissionQueue
 from argosy.core.channels import ChoiceChannels
 from argosy.core.choice import ChoiceState
-from argosy.core.grammar_service import GrammarService
+from argosy.core.engine_client import EngineClient
 from argosy.core.recording import SessionRecorder, new_record
 from argosy.core.stream import CoreRequest, CoreStream
 from argosy.core.token_text import TokenTexts
 from argosy.engine.arrivals import Arrival
 from argosy.engine.outputs import EngineStats
-from argosy.errors import ArgosyError, EngineDeadError, InvalidRequestError, NotFoundError
+from argosy.errors import ArgosyError, EngineDeadError, InvalidRequestError
+from argosy.runner.structured import GrammarSpec
 from argosy.sampling_params import (
     ModelSamplingDefaults,
     effective_defaults,
     resolve_sampling,
 )
-
-if TYPE_CHECKING:
-    from argosy.engine.async_engine import AsyncEngine
 
 log = logging.getLogger("argosy.api")
 
@@ -50,10 +49,12 @@ _SEED_RANGE = 2**64  # torch seeds are 64-bit
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
-    """What /v1/models-style endpoints describe; context_length etc. None while loading."""
+    """What /v1/models-style endpoints describe; what is not known until it loads is None."""
 
     id: str
     created: int
+    kind: str  # chat | embedding
+    state: str  # unloaded | loading | loaded | failed | dead
     is_loaded: bool
     context_length: int | None
     architecture: str | None
@@ -61,135 +62,146 @@ class ModelInfo:
     quantization: str | None
     has_chat_template: bool
     sampling_defaults: dict[str, float | int]
+    aliases: tuple[str, ...] = ()
     has_thinking: bool = False  # its family writes a reasoning channel
     has_tools: bool = False  # tools and tool_choice work (its template's or our own tool prompt)
     speculative: str = "none"  # speculative decoding method (--speculative)
     weights: str | None = None  # how the weights are held and computed, e.g. "int4 (GGUF Q4 blocks) ..."
     compiled_decode: bool | None = None  # decode steps run a torch.compile graph
+    dimensions: int | None = None  # embedding models: the vector's length
+    memory_bytes: int | None = None  # loaded: weights and buffers (+ KV pool), as allocated
+    error: str | None = None  # failed: why it did not load
 
 
-# -- the core -------------------------------------------------------------------------------
+@dataclass(slots=True)
+class ServiceOptions:
+    """What a ModelService takes from the server's and the model's configuration."""
+
+    operator_sampling: OperatorSampling = field(default_factory=OperatorSampling)
+    speculative: str = "none"
+    max_queued_requests: int = 256
+    request_timeout: float | None = 600.0
+
+    @classmethod
+    def of(cls, spec: ModelSpec, server: ServerConfig, speculative: str) -> ServiceOptions:
+        return cls(
+            operator_sampling=spec.sampling or server.operator_sampling,
+            speculative=speculative,
+            max_queued_requests=server.max_queued_requests,
+            request_timeout=server.request_timeout,
+        )
 
 
-class Core:
-    """The one model this process serves: identity, readiness, and the way to the engine."""
+# -- one served generation model ------------------------------------------------------------
 
-    def __init__(self, engine_config: EngineConfig, server_config: ServerConfig) -> None:
-        self.engine_config = engine_config
-        self.server_config = server_config
-        self.model_id = server_config.served_model_name or engine_config.model
-        self.created = int(time.time())
-        self._engine: AsyncEngine | None = None
-        self._load_error: str | None = None
-        self._template: ChatTemplate | None = None
-        self._template_error: ArgosyError | None = None
-        self._chat_profile: ChatProfile | None = None
-        self.grammar: GrammarService | None = None  # set at attach; builds its backend on first use
-        self._token_texts: TokenTexts | None = None
-        self._model_defaults: ModelSamplingDefaults | None = None
-        self._names = {self.model_id, engine_config.model}
-        self._ids = itertools.count()
-        self.admission = AdmissionQueue(server_config.max_queued_requests)
-        self.sessions: SessionRecorder | None = None  # set by the server once the store is open
 
-    # -- lifecycle ---------------------------------------------------------------------
-    def attach(self, engine: AsyncEngine) -> None:
-        """The model finished loading; from now on generations are served."""
-        source = engine.engine.source
-        self._model_defaults = ModelSamplingDefaults.from_generation_config(source.generation_config)
+class ModelService:
+    """One loaded generation model: identity, chat template, sampling defaults, and the way
+    to its engine. `on_release` is called as each of its generations ends (the registry
+    counts them, so a model is unloaded only when none runs)."""
+
+    def __init__(
+        self,
+        model_id: str,
+        client: EngineClient,
+        options: ServiceOptions | None = None,
+        *,
+        sessions: SessionRecorder | None = None,
+        created: int | None = None,
+    ) -> None:
+        self.model_id = model_id
+        self.client = client
+        self.options = options or ServiceOptions()
+        self.created = created if created is not None else int(time.time())
+        self.sessions = sessions
+        self.on_start: Callable[[], Callable[[], None]] | None = None  # the registry's lease
+        description = client.description
+        self.description = description
+        self._model_defaults = ModelSamplingDefaults.from_generation_config(description.generation_config)
         if self._model_defaults.ignored:
             log.warning(
                 "generation_config.json values ignored (malformed): %s",
                 ", ".join(self._model_defaults.ignored),
             )
-        if source.chat_template:
+        self._template: ChatTemplate | None = None
+        self._template_error: ArgosyError | None = None
+        self._chat_profile: ChatProfile | None = None
+        if description.chat_template:
             try:
                 self._template = ChatTemplate(
-                    source.chat_template, bos_token=source.bos_token, eos_token=source.eos_token
+                    description.chat_template,
+                    bos_token=description.bos_token,
+                    eos_token=description.eos_token,
                 )
             except ArgosyError as exc:
                 log.warning("%s", exc.message)
                 self._template_error = exc
         if self._template is not None:
-            self._chat_profile = ChatProfile(self._template, source.tokenizer)
-        self.grammar = GrammarService(source.tokenizer, engine.engine.vocab_size, source.eos_token_ids)
-        self._token_texts = TokenTexts(source.tokenizer)
-        self._names.add(source.name)
-        self._engine = engine
+            self._chat_profile = ChatProfile(self._template, description.tokenizer)
+        self._token_texts = TokenTexts(description.tokenizer)
+        self._ids = itertools.count()
+        self.admission = AdmissionQueue(self.options.max_queued_requests)
 
-    def fail(self, message: str) -> None:
-        self._load_error = message
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def speculation_enabled(self) -> bool:
+        return self.options.speculative != "none"
 
     @property
-    def state(self) -> str:
-        """One of: loading, ready, failed (the model did not load), dead (the engine stopped)."""
-        if self._load_error is not None:
-            return "failed"
-        if self._engine is None:
-            return "loading"
-        return "ready" if self._engine.is_alive else "dead"
+    def is_alive(self) -> bool:
+        return self.client.is_alive
+
+    def shutdown(self) -> None:
+        self.client.shutdown()
+
+    def require_engine(self) -> EngineClient:
+        if not self.client.is_alive:
+            raise EngineDeadError(f"The engine of {self.model_id!r} stopped: {self.client.dead_error}")
+        return self.client
 
     def arriving(self) -> Arrival:
         """A generation request on its way to the engine (see AsyncEngine.arriving)."""
-        engine = self._engine
-        return engine.arriving() if engine is not None and engine.is_alive else Arrival()
+        return self.client.arriving() if self.client.is_alive else Arrival()
 
-    def require_engine(self) -> AsyncEngine:
-        if self._engine is not None:
-            if not self._engine.is_alive:
-                raise EngineDeadError(f"The engine stopped: {self._engine.dead_error}")
-            return self._engine
-        if self._load_error is not None:
-            raise APIError("model_load_error", f"Model {self.model_id!r} failed to load: {self._load_error}")
-        raise APIError(
-            "model_loading",
-            f"Model {self.model_id!r} is still loading; retry shortly.",
-            code="model_loading",
-            headers={"retry-after": "1"},
-        )
-
-    def resolve_model(self, requested: str | None) -> str:
-        """The served id for a request's `model` (None: the one model served)."""
-        if requested is None or requested in self._names:
-            return self.model_id
-        raise NotFoundError(
-            f"The model '{requested}' does not exist; this server serves '{self.model_id}'.",
-            param="model",
-            code="model_not_found",
-        )
-
-    def model_info(self) -> ModelInfo:
-        engine = self._engine.engine if self._engine is not None else None
+    def model_info(self, state: str = "loaded") -> ModelInfo:
+        description = self.description
         return ModelInfo(
             id=self.model_id,
             created=self.created,
-            is_loaded=engine is not None,
-            context_length=engine.max_model_len if engine is not None else None,
-            architecture=engine.source.architecture if engine is not None else None,
-            dtype=str(engine.dtype).removeprefix("torch.") if engine is not None else None,
-            quantization=engine.source.gguf_file_type if engine is not None else None,
+            kind="chat",
+            state=state if self.client.is_alive else "dead",
+            is_loaded=True,
+            context_length=description.context_length,
+            architecture=description.architecture,
+            dtype=description.dtype,
+            quantization=description.quantization,
             has_chat_template=self._template is not None,
             sampling_defaults=effective_defaults(
-                self.server_config.operator_sampling,
+                self.options.operator_sampling,
                 self._model_defaults,
-                speculation_enabled=self.engine_config.speculation_enabled,
+                speculation_enabled=self.speculation_enabled,
             ),
-            speculative=self.engine_config.speculative,
-            weights=engine.weights if engine is not None else None,
-            compiled_decode=engine.compiled if engine is not None else None,
+            speculative=self.options.speculative,
+            weights=description.weights,
+            compiled_decode=description.compiled_decode,
             has_thinking=self._chat_profile is not None and self._chat_profile.has_reasoning,
             has_tools=self._chat_profile is not None,
+            memory_bytes=description.memory_bytes,
         )
 
     def engine_stats(self) -> tuple[EngineStats, int]:
-        """(engine counters, requests in flight through the async engine)."""
+        """(engine counters, requests in flight through the engine client)."""
         engine = self.require_engine()
         return engine.stats(), engine.num_in_flight()
+
+    async def compile_grammar(self, spec: GrammarSpec, param: str | None) -> None:
+        """Compile `spec` where the engine runs (cached there); a 400 naming `param` if it cannot."""
+        await self.require_engine().compile_grammar(spec, param)
 
     # -- prompts -------------------------------------------------------------------------
     def encode_text(self, text: str) -> list[int]:
         """A raw prompt's token ids, with the BOS the model's tokenizer config asks for."""
-        return self.require_engine().engine.encode(text)
+        return self.description.encode(text)
 
     def encode_chat(
         self,
@@ -226,21 +238,20 @@ class Core:
 
     def encode_rendered(self, text: str) -> list[int]:
         """Token ids of template-rendered text (no special tokens added: it writes its own)."""
-        tokenizer = self.require_engine().engine.source.tokenizer
+        tokenizer = self.description.tokenizer
         ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
         return ids
 
     def decode(self, token_ids: list[int]) -> str:
         """The text of token ids, special tokens included (what the model saw)."""
-        text: str = self.require_engine().engine.source.tokenizer.decode(token_ids, skip_special_tokens=False)
+        text: str = self.description.tokenizer.decode(token_ids, skip_special_tokens=False)
         return text
 
     # -- generation ----------------------------------------------------------------------
     def start(self, request: CoreRequest) -> CoreStream:
         """Resolve and check everything for every choice; raise before the engine is touched."""
         engine = self.require_engine()
-        assert self._token_texts is not None and self._model_defaults is not None
-        llm = engine.engine
+        description = self.description
         choices: list[ChoiceState] = []
         for prompt_index, prompt_ids in enumerate(request.prompts):
             param = (
@@ -252,17 +263,17 @@ class Core:
                 for j in range(request.n):
                     params = resolve_sampling(
                         request.sampling,
-                        self.server_config.operator_sampling,
+                        self.options.operator_sampling,
                         self._model_defaults,
-                        context_length=llm.max_model_len,
+                        context_length=description.context_length,
                         prompt_len=len(prompt_ids),
-                        speculation_enabled=self.engine_config.speculation_enabled,
+                        speculation_enabled=self.speculation_enabled,
                     )
                     if request.sampling.seed is not None and j > 0:
                         # Reproducible, but the n samples of one prompt differ from each other.
                         params.seed = _offset_seed(request.sampling.seed, j)
                     params.batch_invariant = request.batch_invariant
-                    llm.validate(prompt_ids, params, request.qos)
+                    engine.validate(prompt_ids, params, request.qos)
                     choices.append(
                         ChoiceState(
                             index=len(choices),
@@ -270,7 +281,7 @@ class Core:
                             prompt_ids=prompt_ids,
                             params=params,
                             echo=request.echo,
-                            tokenizer=llm.source.tokenizer,
+                            tokenizer=description.tokenizer,
                             token_texts=self._token_texts,
                             channels=(
                                 ChoiceChannels(request.channels, len(choices))
@@ -284,16 +295,20 @@ class Core:
                     exc.param = param
                 raise
         record = new_record(self.sessions, request.session, request.prompts, request.route, choices)
-        return CoreStream(
+        ticket = self.admission.admit()  # last but one: a refused request holds no place
+        stream = CoreStream(
             engine,
             request,
             choices,
             self.model_id,
             f"gen-{next(self._ids)}",
-            ticket=self.admission.admit(),  # last: a refused request holds no place
+            ticket=ticket,
             record=record,
-            timeout_s=self.server_config.request_timeout,
+            timeout_s=self.options.request_timeout,
         )
+        if self.on_start is not None:
+            stream.on_close.append(self.on_start())
+        return stream
 
 
 def _offset_seed(seed: int, offset: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -34,14 +34,15 @@ from argosy.core.access_log import GenerationTiming, access_log, format_line
 from argosy.core.admission import Ticket
 from argosy.core.channels import ChannelSpec
 from argosy.core.choice import ChoiceState
-from argosy.core.constraints import GuideFactory
 from argosy.core.recording import GenerationRecord, SessionSpec
+from argosy.engine.arrivals import Arrival
 from argosy.engine.outputs import RequestOutput
 from argosy.errors import ArgosyError
+from argosy.runner.structured import GuideSpec
 from argosy.sampling_params import RequestSampling
 
 if TYPE_CHECKING:
-    from argosy.engine.async_engine import AsyncEngine
+    from argosy.core.engine_client import EngineClient
 
 log = logging.getLogger("argosy.api")
 
@@ -61,7 +62,8 @@ class CoreRequest:
     request_id: str = "-"  # the HTTP request's x-request-id, for the access log
     prompt_param: str = "prompt"  # the client field a prompt-sized error names
     channels: ChannelSpec | None = None  # chat: split each choice's text into channels
-    guide_factory: GuideFactory | None = None  # a fresh grammar guide per choice
+    guide: GuideSpec | None = None  # the grammar every choice follows (a guide each)
+    arrival: Arrival | None = None  # counted as arriving at the engine until it is queued
     arrival_time: float = field(default_factory=time.perf_counter)
 
 
@@ -96,7 +98,7 @@ class CoreStream:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: EngineClient,
         request: CoreRequest,
         choices: list[ChoiceState],
         model_id: str,
@@ -119,6 +121,7 @@ class CoreStream:
         self._queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._is_started = False
+        self.on_close: list[Callable[[], None]] = []  # called once as the stream ends
 
     @property
     def usage(self) -> Usage:
@@ -159,8 +162,7 @@ class CoreStream:
         # Synchronous on purpose: under a cancelled scope any await here could be cancelled.
         for task in self._tasks:
             task.cancel()
-        if self._ticket is not None:
-            self._ticket.release()
+        self.close()
         finish = ",".join(c.finish_reason or "abort" for c in self.choices)
         if exc is not None and not isinstance(exc, asyncio.CancelledError | GeneratorExit):
             finish = "error"
@@ -168,6 +170,20 @@ class CoreStream:
             self.record.commit("error" if finish == "error" else "abort")
         line = format_line(self.request.route, self.model_id, self.usage, self.timing, finish)
         access_log.info("%s request_id=%s", line, self.request.request_id)
+
+    def close(self) -> None:
+        """Give back what the stream holds (its admission place, its arrival count, the
+        callbacks in `on_close`: the model lease). Idempotent; `__aexit__` calls it, and so
+        does the HTTP response of a stream that was never entered (a client gone early)."""
+        for task in self._tasks:
+            task.cancel()
+        if self._ticket is not None:
+            self._ticket.release()
+        if self.request.arrival is not None:
+            self.request.arrival.done()
+        callbacks, self.on_close = self.on_close, []
+        for on_close in callbacks:
+            on_close()
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._events()
@@ -243,7 +259,8 @@ class CoreStream:
             choice.params,
             request_id=f"{self.id}-{choice.index}",
             qos=self.request.qos,
-            guide=self.request.guide_factory() if self.request.guide_factory is not None else None,
+            guide=self.request.guide,
+            arrival=self.request.arrival,
         )
         try:
             async for out in outputs:

@@ -1,11 +1,10 @@
 """Requests on their way to the engine: the HTTP layer has them, their prompt is still being
 rendered and tokenized. AsyncEngine counts them so an idle engine can wait for a burst's
-stragglers (argosy/engine/async_engine.py); this module has no torch import, so the HTTP
-layer can use it freely."""
+stragglers (argosy/engine/async_engine.py). Plain: the core hands an Arrival back to
+`generate(arrival=...)`, no context variable carries it."""
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Callable
 
 
@@ -21,9 +20,3 @@ class Arrival:
         on_done, self._on_done = self._on_done, None
         if on_done is not None:
             on_done()
-
-
-# set by the HTTP layer for the request it is handling; AsyncEngine.generate marks it done
-current_arrival: contextvars.ContextVar[Arrival | None] = contextvars.ContextVar(
-    "argosy_arrival", default=None
-)

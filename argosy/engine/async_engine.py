@@ -1,15 +1,17 @@
 """AsyncEngine: the step loop on its own thread; one asyncio queue per request.
 
-`generate()` validates at once (typed errors raise in the caller), queues the request for
-the engine thread, and yields RequestOutputs as they arrive — with text deltas and stop
-strings applied when the request asks for detokenization. Leaving the iteration early
+`generate()` queues the request for the engine thread (which validates it in `add_request`:
+a bad request raises from the first iteration; the core checks requests before they get
+here, so its clients get their 400 before any stream starts), and yields RequestOutputs as
+they arrive — with text deltas and stop strings applied when the request asks for
+detokenization. Leaving the iteration early
 (client gone, task cancelled) aborts the request; the engine frees its blocks at the start
 of its next step. The engine thread is the only one that touches LLMEngine.
 
 Arrivals: requests on their way to the engine (the HTTP layer has them, their prompt is still
-being rendered and tokenized) are counted (`arriving()`). When an idle engine wakes for a new
-request while others are still arriving, it waits for them, up to ARRIVAL_WINDOW_S, so a burst
-is prefilled in one step: measured with 8 clients at once, the first request started alone
+being rendered and tokenized) are counted (`arriving()`, handed back to
+`generate(arrival=)`). When an idle engine wakes for a new request while others are still
+arriving, it waits for them, up to ARRIVAL_WINDOW_S, so a burst is prefilled in one step: measured with 8 clients at once, the first request started alone
 and the other seven, ~6 ms behind it, waited for its whole prefill step. A request arriving
 alone never waits.
 """
@@ -26,12 +28,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from argosy.engine.arrivals import Arrival, current_arrival
+from argosy.engine.arrivals import Arrival
+from argosy.engine.grammar_service import GrammarService
 from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.output_processor import OutputProcessor
 from argosy.engine.outputs import EngineStats, RequestOutput
 from argosy.errors import ArgosyError, EngineDeadError
-from argosy.runner.structured import TokenGuide
+from argosy.runner.structured import GrammarSpec, GuideSpec, TokenGuide, build_guide
 from argosy.sampling_params import SamplingParams
 
 log = logging.getLogger("argosy.engine")
@@ -89,6 +92,9 @@ class AsyncEngine:
         self._built.wait()
         if self._build_error is not None:
             raise self._build_error
+        source = self.engine.source
+        self.grammar = GrammarService(source.tokenizer, self.engine.vocab_size, source.eos_token_ids)
+        self.description = self.engine.describe()
 
     # -- public API ----------------------------------------------------------------------
     @property
@@ -101,6 +107,19 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         with self._lock:
             return len(self._streams)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams, qos: str = "interactive") -> None:
+        """Every check of a request that needs no engine state; raises typed errors."""
+        self.engine.validate(prompt_token_ids, params, qos)
+
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """How many leading tokens of `token_ids` the prefix cache holds now (a probe: read
+        without a lock, so it may be stale by the time a request arrives)."""
+        return self.engine.block_manager.probe_cached_prefix(token_ids)
+
+    async def compile_grammar(self, spec: GrammarSpec, param: str | None = None) -> None:
+        """Compile `spec` into this engine's cache; a 400 naming `param` when it cannot be."""
+        await self.grammar.compile(spec, param)
 
     def arriving(self) -> Arrival:
         """Count a request that will reach `generate()` soon (see the module doc)."""
@@ -120,11 +139,16 @@ class AsyncEngine:
         request_id: str | None = None,
         *,
         qos: str = "interactive",
-        guide: TokenGuide | None = None,
+        guide: GuideSpec | None = None,
+        arrival: Arrival | None = None,
     ) -> AsyncIterator[RequestOutput]:
+        """The request's outputs; `arrival` (from `arriving()`) is marked done once queued."""
         if self.dead_error is not None:
             raise EngineDeadError(f"The engine stopped: {self.dead_error}")
-        self.engine.validate(prompt_token_ids, params, qos)
+        token_guide: TokenGuide | None = None
+        if guide is not None:  # compiled already when the core checked it: a cache hit
+            compiled = await self.grammar.compile(guide.grammar)
+            token_guide = build_guide(guide, self.grammar.guide(compiled))
         request_id = request_id or f"req-{next(_request_counter)}"
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
@@ -132,8 +156,7 @@ class AsyncEngine:
                 raise ArgosyError(f"Request id {request_id!r} is already in flight.")
             self._streams[request_id] = stream
         processor = OutputProcessor(self.engine.source.tokenizer, prompt_token_ids, params)
-        self._send(_Add(request_id, list(prompt_token_ids), params, qos, guide))
-        arrival = current_arrival.get()
+        self._send(_Add(request_id, list(prompt_token_ids), params, qos, token_guide))
         if arrival is not None:
             arrival.done()
         finished = False

@@ -70,6 +70,21 @@ class BlockManager:
             hits.append(block_id)
         return hits
 
+    def probe_cached_prefix(self, token_ids: list[int]) -> int:
+        """How many leading tokens of `token_ids` are in cached blocks now (whole blocks,
+        the last token excluded as find_cached_prefix does). Reads, changes nothing."""
+        if not self.enable_prefix_caching:
+            return 0
+        bs = self.block_size
+        parent: bytes | None = None
+        num_found = 0
+        for i in range((len(token_ids) - 1) // bs):
+            parent = block_key(parent, token_ids[i * bs : (i + 1) * bs])
+            if self.cached.get(parent) is None:
+                break
+            num_found += bs
+        return num_found
+
     def _num_needed(self, seq: Sequence, num_new_tokens: int, num_cached_blocks: int) -> int:
         total = seq.num_computed_tokens + num_cached_blocks * self.block_size + num_new_tokens
         return max(0, self.num_blocks_for(total) - len(seq.block_table) - num_cached_blocks)

@@ -1,4 +1,5 @@
-"""GrammarService: the served model's grammar backend, built on first use, compiling off the
+"""GrammarService: a model's grammar backend, owned by its engine (grammars reach it as plain
+GrammarSpec data and are compiled where the engine runs), built on first use, compiling off the
 event loop.
 
 Building the backend (importing xgrammar, reading the vocabulary) takes a second or so and
@@ -25,7 +26,7 @@ from argosy.runner.structured import (
     make_grammar_backend,
 )
 
-log = logging.getLogger("argosy.api")
+log = logging.getLogger("argosy.engine")
 
 
 class GrammarService:

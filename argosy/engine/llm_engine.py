@@ -9,26 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
-
-import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
 
 from argosy.config import QOS_CLASSES, EngineConfig
 from argosy.engine.block_manager import BlockManager
-from argosy.engine.outputs import EngineStats, RequestOutput
+from argosy.engine.outputs import EngineStats, ModelDescription, RequestOutput
 from argosy.engine.scheduler import Scheduler, SchedulerOutput
 from argosy.engine.sequence import Sequence
-from argosy.errors import ContextLengthExceededError, InvalidRequestError, ModelLoadError
-from argosy.models.gguf_quant import INT4_FILE
-from argosy.models.llama import DecoderForCausalLM
-from argosy.models.quantize import apply_int4, apply_int8, apply_int8_head
-from argosy.models.registry import builder_for
+from argosy.errors import ContextLengthExceededError, InvalidRequestError
+from argosy.models.build import describe_weights, load_model, max_int4_rows, model_memory_bytes, resolve_dtype
 from argosy.models.source import ModelSource
 from argosy.ops.memory import release_free_memory
-from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
-from argosy.ops.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear, native_qlinear
 from argosy.runner.model_runner import ModelRunner, StepResult, kv_bytes_per_block
 from argosy.runner.spec_decode import NgramProposer, Verified
 from argosy.runner.structured import TokenGuide
@@ -36,127 +26,11 @@ from argosy.sampling_params import SamplingParams
 
 log = logging.getLogger("argosy.engine")
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-
-
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    if name != "auto":
-        return _DTYPES[name]
-    if device.startswith("cuda"):
-        return torch.bfloat16
-    caps = torch._C._cpu._get_cpu_capability()
-    has_bf16 = bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
-    return torch.bfloat16 if has_bf16 else torch.float32
-
-
-# int4 weights serve steps of up to this many rows, packed bf16 the rest: torch's int4 kernel
-# slows with every row (4 measured best, bench/engine.py); the native one (AMX) stays ahead
-# of the bf16 GEMM up to 32 (30 layers of SmolLM2's shapes, cold weights, ad-hoc
-# microbenchmark: 8 rows 7.6 vs 18.5 ms, 16 rows 8.7 vs 18.9, 32 rows 15.6 vs 22.7)
-MAX_INT4_ROWS_TORCH = 4
-MAX_INT4_ROWS_NATIVE = 32
-
-
-def max_int4_rows(dtype: torch.dtype) -> int:
-    return MAX_INT4_ROWS_NATIVE if native_qlinear(dtype) else MAX_INT4_ROWS_TORCH
-
-
-def load_model(
-    source: ModelSource,
-    dtype: torch.dtype,
-    device: str = "cpu",
-    quantization: str = "none",
-    pack: bool = False,
-) -> DecoderForCausalLM:
-    """Build and load the model; quantize it; with `pack`, pack float weights for oneDNN
-    (and keep int4 layers' float twins for steps of many rows)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # build the parameters in their final dtype: no fp32 copy
-    try:
-        model = builder_for(source.architecture)(source.hf_config)
-    finally:
-        torch.set_default_dtype(previous)
-    assert isinstance(model, DecoderForCausalLM)
-    files = sorted(Path(source.weights_dir).glob("model*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"no *.safetensors files in {source.weights_dir}")
-
-    def weights():  # type: ignore[no-untyped-def]
-        # one tensor at a time: a whole file in memory at once raised the load's peak RSS
-        for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
-                    yield name, f.get_tensor(name)
-
-    model.load_weights(weights())
-    model = model.to(device=device, dtype=dtype).eval()
-    pack = pack and packing_supported(dtype, device)
-    _quantize(model, source, dtype, device, quantization, max_int4_rows(dtype) if pack else 0)
-    if pack:
-        log.info(
-            "packed %s weights: %d linear layers", str(dtype).removeprefix("torch."), apply_packing(model)
-        )
-    return model
-
-
-def _quantize(
-    model: DecoderForCausalLM,
-    source: ModelSource,
-    dtype: torch.dtype,
-    device: str,
-    mode: str,
-    max_int4_rows: int = 0,
-) -> None:
-    if mode == "none":
-        return
-    if device != "cpu":
-        raise ModelLoadError(f"quantization {mode!r} uses CPU kernels; use --quantization none on {device}")
-    blocks_file = Path(source.weights_dir) / INT4_FILE
-    if mode == "int8":
-        count = apply_int8(model, dtype)
-    elif blocks_file.exists():
-        count = apply_int4(model, load_file(str(blocks_file)), dtype, max_int4_rows)
-        if dtype != torch.float32:  # float32 asks for precision: its head stays exact
-            # the native int8 kernel serves any number of rows (2+; torch's serves one): no
-            # float twin of the head (57 MB of SmolLM2's peak memory)
-            apply_int8_head(model, dtype, 0 if native_qlinear(dtype) else max_int4_rows)
-    elif mode == "int4":
-        raise ModelLoadError("int4 uses a GGUF file's own Q4_0/Q4_1 blocks; this model has none (try int8)")
-    else:
-        return  # auto without 4-bit blocks: keep the float weights
-    log.info("quantization %s: %d projection layers", mode, count)
-
-
-def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
-    """How the projections are held, for /v1/models and the start-up log."""
-    kinds = {type(m) for m in model.modules()}
-    float_kind = str(dtype).removeprefix("torch.") + (" (oneDNN-packed)" if PackedLinear in kinds else "")
-    head = model.lm_head
-    int8_head = isinstance(head, Int8Linear) or (
-        isinstance(head, BatchSwitchLinear) and isinstance(head.small, Int8Linear)
-    )
-    int4 = "int4 (GGUF Q4 blocks)" + (", int8 output head" if int8_head else "")
-    switches = [m for m in model.modules() if isinstance(m, BatchSwitchLinear)]
-    if switches and isinstance(head, Int8Linear):  # the head is int8 at every step
-        return (
-            f"int4 (GGUF Q4 blocks) for steps of <= {switches[0].max_small_rows} rows, {float_kind} above; "
-            "int8 output head"
-        )
-    if switches:
-        return f"{int4} for steps of <= {switches[0].max_small_rows} rows, {float_kind} above"
-    if Int4Linear in kinds:
-        return int4
-    if Int8Linear in kinds:
-        return "int8 (per channel)"
-    return float_kind
-
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, source: ModelSource | None = None) -> None:
         started = time.perf_counter()
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
         if source is None:
             from argosy.models.loader import resolve_model  # reads files; only when needed
 
@@ -229,6 +103,35 @@ class LLMEngine:
                 config.ngram_min,
                 config.ngram_max,
             )
+
+    def describe(self) -> ModelDescription:
+        source = self.source
+        kv_bytes = self.num_blocks * kv_bytes_per_block(
+            self.model.config.num_layers,
+            self.config.block_size,
+            self.model.config.num_kv_heads,
+            self.model.config.head_dim,
+            self.dtype,
+        )
+        return ModelDescription(
+            name=source.name,
+            architecture=source.architecture,
+            dtype=str(self.dtype).removeprefix("torch."),
+            context_length=self.max_model_len,
+            vocab_size=self.vocab_size,
+            tokenizer=source.tokenizer,
+            chat_template=source.chat_template,
+            bos_token=source.bos_token,
+            eos_token=source.eos_token,
+            bos_token_id=source.bos_token_id,
+            eos_token_ids=tuple(source.eos_token_ids),
+            add_bos_token=source.add_bos_token,
+            generation_config=dict(source.generation_config),
+            quantization=source.gguf_file_type,
+            weights=self.weights,
+            compiled_decode=self.compiled,
+            memory_bytes=model_memory_bytes(self.model) + kv_bytes,
+        )
 
     # -- requests ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from tokenizers import Tokenizer
 
 
 @dataclass(slots=True)
@@ -58,3 +61,35 @@ class EngineStats:
     def kv_cache_usage(self) -> float:
         used = self.num_total_blocks - self.num_free_blocks
         return used / self.num_total_blocks if self.num_total_blocks else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDescription:
+    """What the core needs to know of a loaded generation model: plain data (the tokenizer
+    serialises), so a remote engine can hand it over too."""
+
+    name: str  # the source's display name, e.g. "smollm2"
+    architecture: str
+    dtype: str  # e.g. "bfloat16"
+    context_length: int  # the engine's max_model_len
+    vocab_size: int
+    tokenizer: Tokenizer
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    add_bos_token: bool
+    generation_config: dict[str, Any]
+    quantization: str | None  # the file's own type, e.g. "Q4_1" for a GGUF
+    weights: str  # how the projections are held and computed (describe_weights)
+    compiled_decode: bool
+    memory_bytes: int  # weights and buffers plus the KV pool, as allocated
+
+    def encode(self, text: str) -> list[int]:
+        """A raw prompt's token ids, with the BOS the model's tokenizer config asks for."""
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=True).ids
+        bos = self.bos_token_id
+        if self.add_bos_token and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
+        return ids

@@ -15,8 +15,8 @@ import gguf
 import numpy as np
 
 from argosy.models.gguf_tensors import _PERMUTED_MODEL_TYPES, hf_tensor_name, unpermute_rope_rows
+from argosy.ops.quantized_linear import GROUP_SIZE
 
-GROUP_SIZE = 32
 INT4_FILE = "argosy-int4.safetensors"
 _BLOCK_BYTES = {gguf.GGMLQuantizationType.Q4_0: 18, gguf.GGMLQuantizationType.Q4_1: 20}
 

@@ -4,13 +4,13 @@
 cached under ~/.cache/argosy/torch_extensions, keyed by the sources and flags, and shared
 by processes through a lock file) and registers the ops under torch.ops.argosy_ext. It
 returns False when there is no compiler or the build fails; callers then use the Python ops,
-which compute the same thing. ARGOSY_NATIVE=0 disables them.
+which compute the same thing. `set_native_ops_enabled(False)` (the `--native-ops off` flag, set
+once at start-up) disables them.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -22,6 +22,14 @@ _SOURCES = [
     Path(__file__).parent / "csrc" / name for name in ("paged_decode.cpp", "packed_linear.cpp", "qlinear.cpp")
 ]
 _state: dict[str, bool] = {}
+_enabled = [True]
+
+
+def set_native_ops_enabled(enabled: bool) -> None:
+    """Process-wide switch, set once at start-up before any model loads (`--native-ops`)."""
+    _enabled[0] = enabled
+    if not enabled:
+        _state["loaded"] = False
 
 
 def build_dir() -> Path:
@@ -33,8 +41,8 @@ def load_native_ops() -> bool:
     if "loaded" in _state:
         return _state["loaded"]
     _state["loaded"] = False
-    if os.environ.get("ARGOSY_NATIVE", "1") == "0":
-        log.info("native ops disabled (ARGOSY_NATIVE=0)")
+    if not _enabled[0]:
+        log.info("native ops disabled (--native-ops off)")
         return False
     started = time.perf_counter()
     try:

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from argosy.models.gguf_quant import GROUP_SIZE
 from argosy.ops.native import load_native_ops
 
+GROUP_SIZE = 32  # weights per scale (and minimum): a GGUF Q4/Q8 block
 _TILE = 16  # outputs a tile of the native layout
 
 

@@ -332,3 +332,38 @@ class OptionalReasoningGuide:
         if self._state == "reasoning":
             return self._delayed.is_terminated()
         return self._state == "grammar" and self.inner.is_terminated()
+
+
+@dataclass(slots=True)
+class GuideSpec:
+    """A request's token guide as plain data: the grammar, and how it sits around a thinking
+    model's reasoning block. It crosses the core/engine seam (and could cross a process);
+    the engine compiles the grammar and builds the guide (`build_guide`).
+
+    reasoning: "none" — the grammar holds from the first token; "delayed" — the prompt opened
+    the reasoning block, the grammar starts after `end_token_ids` (DelayedGuide); "optional" —
+    the model may open one with `start_token_id` first (OptionalReasoningGuide).
+    """
+
+    grammar: GrammarSpec
+    reasoning: str = "none"
+    start_token_id: int | None = None
+    end_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.reasoning not in ("none", "delayed", "optional"):
+            raise ValueError(f"unknown reasoning mode {self.reasoning!r}")
+        if self.reasoning != "none" and not self.end_token_ids:
+            raise ValueError(f"reasoning mode {self.reasoning!r} needs end_token_ids")
+        if self.reasoning == "optional" and self.start_token_id is None:
+            raise ValueError("reasoning mode 'optional' needs start_token_id")
+
+
+def build_guide(spec: GuideSpec, inner: TokenGuide) -> TokenGuide:
+    """The guide `spec` describes around `inner` (a fresh matcher of its grammar)."""
+    if spec.reasoning == "delayed":
+        return DelayedGuide(inner, spec.end_token_ids)
+    if spec.reasoning == "optional":
+        assert spec.start_token_id is not None
+        return OptionalReasoningGuide(inner, spec.start_token_id, spec.end_token_ids)
+    return inner

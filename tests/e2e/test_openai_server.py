@@ -58,12 +58,12 @@ def engine_is_idle(http: httpx.Client, within_s: float) -> bool:
 
 def test_health_says_loading_until_the_model_serves(server: ServerProcess) -> None:
     statuses = [(status, json.loads(body)) for status, body in server.health_seen]
-    assert statuses[-1] == (200, {"status": "ok"})
-    assert (503, {"status": "loading"}) in statuses[:-1]
+    assert statuses[-1] == (200, {"status": "ok", "models": {MODEL: "loaded"}})
+    assert (503, {"status": "loading", "models": {MODEL: "loading"}}) in statuses[:-1]
 
 
 def test_health_and_models(http: httpx.Client, client: openai.OpenAI) -> None:
-    assert http.get("/health").json() == {"status": "ok"}
+    assert http.get("/health").json() == {"status": "ok", "models": {MODEL: "loaded"}}
     (model,) = client.models.list().data
     assert model.id == MODEL
     caps = http.get(f"/v1/models/{MODEL}").json()["capabilities"]

@@ -73,10 +73,10 @@ def test_session_and_admission_flags() -> None:
             "90s",
         ]
     )
-    _, server = configs_from_args(parser, args)
+    _, server, _ = configs_from_args(parser, args)
     assert (server.data_dir, server.session_ttl, server.session_max_bytes) == ("/tmp/x", 7200, 2**30)
     assert (server.max_queued_requests, server.request_timeout) == (3, 90)
-    _, defaults = configs_from_args(parser, parser.parse_args(["serve"]))
+    _, defaults, _ = configs_from_args(parser, parser.parse_args(["serve"]))
     assert defaults.data_dir == "~/.local/share/argosy" and defaults.session_ttl == 30 * 86400
     assert (defaults.max_queued_requests, defaults.request_timeout) == (256, 600)
     with pytest.raises(SystemExit):

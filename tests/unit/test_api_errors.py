@@ -79,8 +79,6 @@ def test_param_from_loc() -> None:
         ({"messages": USER, "max_tokens": "10"}, "max_tokens"),  # strict: a string is not a number
         ({"messages": USER, "stream": "yes"}, "stream"),
         ({"messages": USER, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
-        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-        ({"messages": [{"role": "user", "content": [{"type": "video", "x": 1}]}]}, "messages[0].content"),
         ({"messages": [{"role": "user"}], "seed": 2**70}, "seed"),
     ],
 )
@@ -96,11 +94,41 @@ def test_messages_required_says_missing() -> None:
     assert chat_error({"model": "m"}).message == "Missing required parameter: 'messages'."
 
 
-def test_media_part_names_the_content_and_the_modality() -> None:
+def content_error(messages: list[dict[str, Any]]) -> InvalidRequestError:
+    """Content parts are read by the request's check (which knows each message's index)."""
+    body = ChatCompletionRequest.model_validate_json(json.dumps({"model": "m", "messages": messages}))
+    with pytest.raises(InvalidRequestError) as caught:
+        body.check()
+    return caught.value
+
+
+def test_media_part_names_the_part_and_the_modality() -> None:
     part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    error = chat_error({"messages": [*USER, {"role": "user", "content": [part]}]})
-    assert error.param == "messages[1].content"
+    error = content_error([*USER, {"role": "user", "content": [part]}])
+    assert error.param == "messages[1].content[0]"
     assert "does not accept images" in error.message
+
+
+@pytest.mark.parametrize(
+    ("content", "param"),
+    [
+        (5, "messages[1].content"),
+        ({"type": "text"}, "messages[1].content"),
+        ([{"type": "video", "x": 1}], "messages[1].content[0].type"),
+        ([{"type": {}, "text": "x"}], "messages[1].content[0].type"),  # was a 500 (unhashable type)
+        ([{"type": ["text"]}], "messages[1].content[0].type"),
+        ([{"text": "x"}], "messages[1].content[0].type"),
+        (["just text"], "messages[1].content[0].type"),
+        ([{"type": "text", "text": "ok"}, {"type": "text", "text": {}}], "messages[1].content[1]"),
+    ],
+)
+@pytest.mark.parametrize("role", ["user", "system", "assistant", "tool"])
+def test_malformed_content_parts_are_400_naming_the_part(content: Any, param: str, role: str) -> None:
+    message: dict[str, Any] = {"role": role, "content": content}
+    if role == "tool":
+        message["tool_call_id"] = "call_1"
+    error = content_error([*USER, message])
+    assert error.param == param and status_of(error) == 400
 
 
 def test_malformed_json_is_a_400_without_param() -> None:
@@ -162,6 +190,7 @@ def test_logit_bias_keys_become_token_ids() -> None:
 def test_text_parts_join() -> None:
     parts = [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]
     body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": parts}]})
+    body.check()
     assert body.messages[0].content == "Hello, world"
 
 

@@ -1,12 +1,14 @@
 """The HTTP edge without a model: every refusal that needs no model, in OpenAI's envelope.
 
-The app is built around a Core whose model has not loaded, so anything that got as far
-as the engine would answer 503 "loading": a 400/404/405/413 here proves the refusal came
-first, as SPEC §4 "cheap checks first" asks.
+The app is built around a registry whose model never finishes loading (its load blocks until
+the test ends; a request waits 0.3 s for it, then gets 503 "loading"), so a 400/404/405/413
+here proves the refusal came first, as SPEC §4 "cheap checks first" asks — and the registry
+says whether a load was even started.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,23 +16,52 @@ import pytest
 from starlette.testclient import TestClient
 
 from argosy.api.app import build_app
-from argosy.config import EngineConfig, OperatorSampling, ServerConfig
-from argosy.core.service import Core
+from argosy.config import ModelSpec, OperatorSampling, ServerConfig
+from argosy.core.pipeline import Pipeline, RequestContext, RequestEvent
+from argosy.core.registry import ArrivalGroup, ModelRegistry
 from argosy.engine.arrivals import Arrival
+from argosy.errors import InvalidRequestError, ModelLoadError
 
 LIMIT = 4096
 GOOD_CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
 
 
-@pytest.fixture
-def core() -> Core:
-    server = ServerConfig(max_body_bytes=LIMIT, operator_sampling=OperatorSampling(temperature=0.5))
-    return Core(EngineConfig(model="smollm2", quantization="none", compile="off"), server)
+SERVER = ServerConfig(max_body_bytes=LIMIT, operator_sampling=OperatorSampling(temperature=0.5))
+
+
+class BlockedLoad:
+    """A load_fn that waits until the test releases it, then fails (so nothing ever loads)."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.calls: list[str] = []
+
+    def __call__(self, spec: ModelSpec) -> Any:
+        self.calls.append(spec.id)
+        self.released.wait(10)
+        raise ModelLoadError("no such file")
 
 
 @pytest.fixture
-def client(core: Core) -> Iterator[TestClient]:
-    with TestClient(build_app(core, core.server_config), raise_server_exceptions=False) as test_client:
+def load() -> Iterator[BlockedLoad]:
+    blocked = BlockedLoad()
+    yield blocked
+    blocked.released.set()
+
+
+@pytest.fixture
+def registry(load: BlockedLoad) -> ModelRegistry:
+    return ModelRegistry(
+        [ModelSpec("smollm2", "smollm2")],
+        load,
+        load_timeout_s=0.3,
+        operator_sampling=SERVER.operator_sampling,
+    )
+
+
+@pytest.fixture
+def client(registry: ModelRegistry) -> Iterator[TestClient]:
+    with TestClient(build_app(registry, SERVER), raise_server_exceptions=False) as test_client:
         yield test_client
 
 
@@ -52,7 +83,7 @@ def assert_openai_error(
 def test_health_is_503_while_loading(client: TestClient) -> None:
     response = client.get("/health")
     assert response.status_code == 503
-    assert response.json() == {"status": "loading"}
+    assert response.json() == {"status": "loading", "models": {"smollm2": "unloaded"}}
 
 
 def test_a_good_request_while_loading_is_503(client: TestClient) -> None:
@@ -65,13 +96,14 @@ def test_a_good_request_while_loading_is_503(client: TestClient) -> None:
     assert response.headers["retry-after"] == "1"
 
 
-def test_schema_errors_come_before_the_model(client: TestClient) -> None:
+def test_schema_errors_come_before_the_model(client: TestClient, load: BlockedLoad) -> None:
     bad = {**GOOD_CHAT, "messages": [{"role": "wizard", "content": "x"}]}
     assert_openai_error(client.post("/v1/chat/completions", json=bad), 400, "messages[0].role")
     assert_openai_error(client.post("/v1/chat/completions", json={**GOOD_CHAT, "n": 17}), 400, "n")
     assert_openai_error(client.post("/v1/completions", json={"prompt": "x", "suffix": "y"}), 400, "suffix")
     tool_choice = {**GOOD_CHAT, "tool_choice": "required"}
     assert_openai_error(client.post("/v1/chat/completions", json=tool_choice), 400, "tool_choice")
+    assert load.calls == []  # no refusal above started a load
 
 
 def test_malformed_json(client: TestClient) -> None:
@@ -82,10 +114,11 @@ def test_malformed_json(client: TestClient) -> None:
     assert error["type"] == "invalid_request_error"
 
 
-def test_unknown_model_is_404_before_loading(client: TestClient) -> None:
+def test_unknown_model_is_404_before_loading(client: TestClient, load: BlockedLoad) -> None:
     response = client.post("/v1/chat/completions", json={**GOOD_CHAT, "model": "gpt-9"})
     error = assert_openai_error(response, 404, "model", "model_not_found")
     assert "gpt-9" in error["message"]
+    assert load.calls == []
 
 
 def test_unknown_route_and_wrong_method(client: TestClient) -> None:
@@ -133,40 +166,34 @@ def test_models_while_loading(client: TestClient) -> None:
 
 
 def test_engine_stats_while_loading(client: TestClient) -> None:
-    assert_openai_error(client.get("/v1/argosy/engine"), 503, code="model_loading")
+    assert_openai_error(client.get("/v1/argosy/engine"), 400, "model")
 
 
-def test_a_failed_load(core: Core, client: TestClient) -> None:
-    core.fail("no such file")
-    assert client.get("/health").json() == {"status": "failed"}
-    error = assert_openai_error(client.post("/v1/chat/completions", json=GOOD_CHAT), 500)
-    assert "no such file" in error["message"]
+def test_a_failed_load(load: BlockedLoad, registry: ModelRegistry) -> None:
+    load.released.set()  # the load fails at once
+    app = build_app(registry, SERVER)
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        error = assert_openai_error(test_client.post("/v1/chat/completions", json=GOOD_CHAT), 500)
+        assert "no such file" in error["message"]
+        assert test_client.get("/health").json() == {"status": "failed", "models": {"smollm2": "failed"}}
+        info = test_client.get("/v1/models/smollm2").json()["capabilities"]
+        assert info["state"] == "failed" and "no such file" in info["error"]
 
 
-def test_served_model_name_and_registered_name_are_both_accepted() -> None:
-    core = Core(
-        EngineConfig(model="smollm2", quantization="none", compile="off"),
-        ServerConfig(served_model_name="tiny"),
-    )
-    assert core.resolve_model("tiny") == "tiny"
-    assert core.resolve_model("smollm2") == "tiny"
-    assert core.resolve_model(None) == "tiny"
-
-
-def test_generation_posts_are_counted_as_arriving_until_they_end(core: Core) -> None:
+def test_generation_posts_are_counted_as_arriving_until_they_end(registry: ModelRegistry) -> None:
     """ArrivalMiddleware: POSTs to generation routes count as arriving at the engine (here
     the model is still loading, so each ends with a 503 and is marked done); other routes
     and methods are not counted."""
     counted: list[str] = []
     finished: list[str] = []
 
-    def arriving() -> Arrival:
+    def arriving() -> ArrivalGroup:
         name = f"arrival-{len(counted)}"
         counted.append(name)
-        return Arrival(lambda: finished.append(name))
+        return ArrivalGroup({"smollm2": Arrival(lambda: finished.append(name))})
 
-    core.arriving = arriving  # type: ignore[method-assign]
-    with TestClient(build_app(core, core.server_config), raise_server_exceptions=False) as test_client:
+    registry.arriving = arriving  # type: ignore[method-assign]
+    with TestClient(build_app(registry, SERVER), raise_server_exceptions=False) as test_client:
         assert test_client.post("/v1/chat/completions", json=GOOD_CHAT).status_code == 503
         assert (
             test_client.post("/v1/completions", json={"model": "smollm2", "prompt": "x"}).status_code == 503
@@ -175,3 +202,36 @@ def test_generation_posts_are_counted_as_arriving_until_they_end(core: Core) -> 
         assert test_client.get("/v1/chat/completions").status_code == 405
         assert test_client.post("/v1/nowhere", json={}).status_code == 404
     assert counted == finished == ["arrival-0", "arrival-1"]
+
+
+def test_the_pipeline_hooks_see_every_request(registry: ModelRegistry) -> None:
+    """The policy hook runs before the model is resolved (a refusal there loads nothing);
+    the event hook hears of rejections with their status."""
+    events: list[RequestEvent] = []
+    asked: list[str | None] = []
+
+    def policy(ctx: RequestContext, model_name: str | None) -> None:
+        asked.append(model_name)
+        if model_name == "forbidden":
+            raise InvalidRequestError("This key may not use that model.", param="model")
+
+    pipeline = Pipeline(registry, policy=policy, on_event=events.append)
+    with TestClient(
+        build_app(registry, SERVER, pipeline=pipeline), raise_server_exceptions=False
+    ) as test_client:
+        bad_role = {**GOOD_CHAT, "messages": [{"role": "wizard", "content": "x"}]}
+        assert test_client.post("/v1/chat/completions", json=bad_role).status_code == 400
+        assert (
+            test_client.post("/v1/chat/completions", json={**GOOD_CHAT, "model": "forbidden"}).status_code
+            == 400
+        )
+        assert (
+            test_client.post("/v1/chat/completions", json={**GOOD_CHAT, "model": "gpt-9"}).status_code == 404
+        )
+    assert asked == ["forbidden", "gpt-9"]  # the malformed body never reached the policy
+    assert [(e.kind, e.status, e.route) for e in events] == [
+        ("rejected", 400, "POST /v1/chat/completions"),
+        ("rejected", 400, "POST /v1/chat/completions"),
+        ("rejected", 404, "POST /v1/chat/completions"),
+    ]
+    assert registry.entries[0].state == "unloaded"

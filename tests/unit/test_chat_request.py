@@ -34,10 +34,19 @@ from argosy.chat.profile import ChatProfile
 from argosy.chat.template import ChatTemplate
 from argosy.core.channels import ChannelSpec, ChoiceChannels
 from argosy.core.chat_request import PreparedChat, prepare_chat
-from argosy.core.constraints import plan_constraints, reasoning_aware
-from argosy.core.grammar_service import GrammarService
+from argosy.core.constraints import guide_spec, plan_constraints
+from argosy.engine.grammar_service import GrammarService
 from argosy.errors import InvalidRequestError
-from argosy.runner.structured import DelayedGuide, OptionalReasoningGuide, bitmask_words, unpack_bitmask
+from argosy.runner.structured import (
+    DelayedGuide,
+    GrammarSpec,
+    GuideSpec,
+    OptionalReasoningGuide,
+    TokenGuide,
+    bitmask_words,
+    build_guide,
+    unpack_bitmask,
+)
 from argosy.sampling_params import RequestSampling
 
 USER = [{"role": "user", "content": "Weather in Paris?"}]
@@ -257,13 +266,22 @@ def test_what_cannot_be_honoured_together_is_named() -> None:
 
 @dataclass
 class ChatCore:
-    """The two things prepare_chat asks of the core: the model's chat profile and grammars."""
+    """The two things prepare_chat asks of the core: the model's chat profile and grammars
+    compiled where its engine runs (here: a GrammarService of our own)."""
 
     profile: ChatProfile
     grammar: GrammarService
 
     def chat_profile(self) -> ChatProfile:
         return self.profile
+
+    async def compile_grammar(self, spec: GrammarSpec, param: str | None) -> None:
+        await self.grammar.compile(spec, param)
+
+    def guide(self, spec: GuideSpec) -> TokenGuide:
+        """The guide the engine would build for `spec`."""
+        compiled = asyncio.run(self.grammar.compile(spec.grammar))
+        return build_guide(spec, self.grammar.guide(compiled))
 
 
 @pytest.fixture(scope="module")
@@ -288,8 +306,8 @@ def test_prepare_a_forced_call(smollm2_core: ChatCore) -> None:
     assert "<tools>" in prepared.prompt_text and prepared.prompt_text.endswith("<|im_start|>assistant\n")
     assert prepared.prompt_ids == smollm2_core.profile.tokenize(prepared.prompt_text)
     assert prepared.channels.family is hermes.FAMILY and prepared.channels.options.is_call_forced
-    assert prepared.guide_factory is not None
-    guide = prepared.guide_factory()
+    assert prepared.guide is not None
+    guide = smollm2_core.guide(prepared.guide)
     vocab_size = smollm2_core.profile._tokenizer.get_vocab_size()
     mask = torch.zeros(1, bitmask_words(vocab_size), dtype=torch.int32)
     guide.fill_bitmask(mask, 0)
@@ -298,13 +316,13 @@ def test_prepare_a_forced_call(smollm2_core: ChatCore) -> None:
     assert all("<tool_call>".startswith(tokenizer.decode([t])) for t in allowed)
     request = prepared.core_request(RequestSampling(max_tokens=5), n=2, route="test")
     assert request.prompts == [prepared.prompt_ids] and request.n == 2 and request.prompt_param == "messages"
-    assert request.channels is prepared.channels and request.guide_factory is prepared.guide_factory
+    assert request.channels is prepared.channels and request.guide is prepared.guide
     assert request.sampling.skip_special_tokens is None  # SmolLM2's markers are plain text
 
 
 def test_prepare_plain_chat_has_channels_and_no_grammar(smollm2_core: ChatCore) -> None:
     prepared = prepare(smollm2_core, chat())
-    assert prepared.guide_factory is None and "<tools>" not in prepared.prompt_text
+    assert prepared.guide is None and "<tools>" not in prepared.prompt_text
     assert not prepared.channels.options.has_tool_calls
 
 
@@ -451,10 +469,11 @@ def test_optional_reasoning_guide_with_and_without_reasoning() -> None:
     assert direct.accepted == [3]
 
 
-def test_reasoning_aware_picks_the_guide() -> None:
+def test_guide_spec_picks_the_guide() -> None:
     def make(**kwargs: Any) -> Any:
         options = {"start_ids": [40], "end_ids": [41], "is_reasoning_open": False, "may_reason": True}
-        return reasoning_aware(FirstTokenGuide, **{**options, **kwargs})()
+        spec = guide_spec(GrammarSpec("json_object"), **{**options, **kwargs})
+        return build_guide(spec, FirstTokenGuide())
 
     assert isinstance(make(is_reasoning_open=True), DelayedGuide)
     assert isinstance(make(), OptionalReasoningGuide)

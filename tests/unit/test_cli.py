@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,11 @@ from argosy.errors import InvalidRequestError
 
 
 def configs(*argv: str):  # type: ignore[no-untyped-def]
+    engine, server, _ = configs_and_models(*argv)
+    return engine, server
+
+
+def configs_and_models(*argv: str):  # type: ignore[no-untyped-def]
     parser = build_parser()
     return configs_from_args(parser, parser.parse_args(["serve", *argv]))
 
@@ -90,3 +96,50 @@ def test_operator_sampling_validates_itself() -> None:
     with pytest.raises(InvalidRequestError) as caught:
         OperatorSampling(top_p=1.5)
     assert caught.value.param == "top_p"
+
+
+def test_models_are_repeatable_with_ids_and_quantization() -> None:
+    engine, _, specs = configs_and_models(
+        "--model", "smollm2", "--model", "fast=smollm2:int4", "--model", "plain=smollm2:none", "--model", "minilm"
+    )  # fmt: skip
+    assert engine.model == "smollm2"  # the first model's source
+    assert [(s.id, s.source, s.kind, s.quantization) for s in specs] == [
+        ("smollm2", "smollm2", "chat", None),
+        ("fast", "smollm2", "chat", "int4"),
+        ("plain", "smollm2", "chat", "none"),
+        ("minilm", "minilm", "embedding", None),
+    ]
+    assert specs[1].engine_config(engine).quantization == "int4"
+    assert specs[0].engine_config(engine).quantization == "auto"  # the flag's default
+    _, _, default = configs_and_models()
+    assert [(s.id, s.source) for s in default] == [("smollm2", "smollm2")]
+
+
+def test_served_model_name_renames_the_first_model_and_keeps_its_source_as_alias() -> None:
+    _, _, specs = configs_and_models("--model", "smollm2", "--served-model-name", "tiny")
+    assert specs[0].id == "tiny" and specs[0].aliases == ("smollm2",)
+
+
+def test_models_from_a_toml_file(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text(
+        '[[model]]\nid = "chat"\nsource = "smollm2"\naliases = ["default"]\npinned = true\n'
+        'keep_alive = "5m"\n[model.sampling]\ntemperature = 0.2\n\n'
+        '[[model]]\nsource = "minilm"\n'
+    )
+    _, _, specs = configs_and_models("--models", str(path))
+    first, second = specs
+    assert (first.id, first.aliases, first.pinned, first.keep_alive) == ("chat", ("default",), True, 300.0)
+    assert first.sampling == OperatorSampling(temperature=0.2)
+    assert (second.id, second.kind) == ("minilm", "embedding")
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['[[model]]\nid = "x"\n', '[[model]]\nsource = "smollm2"\ncolour = "red"\n', "model = 3\n", "[[model"],
+)
+def test_bad_models_files_stop_start_up(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text(content)
+    with pytest.raises(SystemExit):
+        configs_and_models("--models", str(path))

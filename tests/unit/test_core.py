@@ -10,8 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from argosy.chat.events import Finish, PromptEcho, TextDelta
-from argosy.config import EngineConfig, ServerConfig
-from argosy.core.service import Core, _offset_seed
+from argosy.core.service import ModelService, ServiceOptions, _offset_seed
 from argosy.core.stream import CoreRequest, collect
 from argosy.engine.async_engine import AsyncEngine
 from argosy.errors import ContextLengthExceededError, InvalidRequestError
@@ -21,10 +20,9 @@ PROMPT = [5, 17, 42, 8, 99, 3, 250, 11]
 
 
 @pytest.fixture
-def core(tiny) -> Iterator[Core]:  # type: ignore[no-untyped-def]
+def core(tiny) -> Iterator[ModelService]:  # type: ignore[no-untyped-def]
     engine = AsyncEngine(tiny.engine(max_model_len=128))
-    core = Core(EngineConfig(model="tiny", compile="off"), ServerConfig())
-    core.attach(engine)
+    core = ModelService("tiny", engine, ServiceOptions())
     try:
         yield core
     finally:
@@ -42,7 +40,7 @@ def test_seed_offsets_stay_in_torch_range() -> None:
 
 
 @on_tiny_llama
-def test_n_choices_and_usage(core: Core) -> None:
+def test_n_choices_and_usage(core: ModelService) -> None:
     sampling = RequestSampling(temperature=1.0, seed=3, max_tokens=5, ignore_eos=True, logprobs=1)
     stream = core.start(CoreRequest(prompts=[PROMPT, PROMPT[:5]], sampling=sampling, n=2))
     assert [c.params.seed for c in stream.choices] == [3, 4, 3, 4]
@@ -62,7 +60,7 @@ def test_n_choices_and_usage(core: Core) -> None:
 
 
 @on_tiny_llama
-def test_collect_and_echo_with_prompt_logprobs(core: Core) -> None:
+def test_collect_and_echo_with_prompt_logprobs(core: ModelService) -> None:
     sampling = RequestSampling(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=2, prompt_logprobs=2)
     stream = core.start(CoreRequest(prompts=[PROMPT], sampling=sampling, echo=True))
 
@@ -81,8 +79,8 @@ def test_collect_and_echo_with_prompt_logprobs(core: Core) -> None:
 
 
 @on_tiny_llama
-def test_refusals_happen_before_the_engine(core: Core) -> None:
-    llm = core.require_engine().engine
+def test_refusals_happen_before_the_engine(core: ModelService) -> None:
+    llm = core.require_engine().engine  # type: ignore[attr-defined]
     with pytest.raises(ContextLengthExceededError) as caught:
         core.start(
             CoreRequest(prompts=[PROMPT], sampling=RequestSampling(max_tokens=1000), prompt_param="messages")
@@ -98,7 +96,7 @@ def test_refusals_happen_before_the_engine(core: Core) -> None:
 
 
 @on_tiny_llama
-def test_leaving_the_stream_aborts_the_engine_requests(core: Core) -> None:
+def test_leaving_the_stream_aborts_the_engine_requests(core: ModelService) -> None:
     sampling = RequestSampling(temperature=0.0, max_tokens=100, ignore_eos=True)
     stream = core.start(CoreRequest(prompts=[PROMPT], sampling=sampling, n=2))
     engine = core.require_engine()

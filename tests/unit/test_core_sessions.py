@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from argosy.chat.events import Finish
-from argosy.config import EngineConfig, ServerConfig
+from argosy.config import ModelSpec, ServerConfig
 from argosy.core.recording import SessionRecorder, SessionSpec
-from argosy.core.service import Core
+from argosy.core.service import ModelService, ServiceOptions
 from argosy.core.stream import CoreRequest, CoreStream
 from argosy.engine.async_engine import AsyncEngine
 from argosy.errors import OverloadedError
@@ -24,20 +24,20 @@ PROMPT = [5, 17, 42, 8, 99, 3, 250, 11]
 on_tiny_llama = pytest.mark.parametrize("tiny", ["llama"], indirect=True)
 
 
-def make_core(tiny, tmp_path: Path, **server: object) -> Iterator[Core]:  # type: ignore[no-untyped-def]
+def make_core(tiny, tmp_path: Path, **server: object) -> Iterator[ModelService]:  # type: ignore[no-untyped-def]
     engine = AsyncEngine(tiny.engine(max_model_len=128))
-    core = Core(EngineConfig(model="tiny", compile="off"), ServerConfig(**server))  # type: ignore[arg-type]
-    core.attach(engine)
-    core.sessions = SessionRecorder(SqliteSessionStore(tmp_path / "sessions.sqlite3"))
+    options = ServiceOptions.of(ModelSpec("tiny", "tiny"), ServerConfig(**server), "none")  # type: ignore[arg-type]
+    sessions = SessionRecorder(SqliteSessionStore(tmp_path / "sessions.sqlite3"))
+    core = ModelService("tiny", engine, options, sessions=sessions)
     try:
         yield core
     finally:
         engine.shutdown()
-        core.sessions.close()
+        sessions.close()
 
 
 @pytest.fixture
-def core(tiny, tmp_path: Path) -> Iterator[Core]:  # type: ignore[no-untyped-def]
+def core(tiny, tmp_path: Path) -> Iterator[ModelService]:  # type: ignore[no-untyped-def]
     yield from make_core(tiny, tmp_path)
 
 
@@ -57,7 +57,7 @@ def sampling(max_tokens: int) -> RequestSampling:
 
 
 @on_tiny_llama
-def test_n_samples_are_forks_of_one_recorded_conversation(core: Core) -> None:
+def test_n_samples_are_forks_of_one_recorded_conversation(core: ModelService) -> None:
     spec = SessionSpec(
         inputs=[[MessageAppended("user", "hi")]], metadata={"kind": "test"}, is_ephemeral=False
     )
@@ -81,7 +81,7 @@ def test_n_samples_are_forks_of_one_recorded_conversation(core: Core) -> None:
 
 
 @on_tiny_llama
-def test_a_request_without_a_spec_records_its_prompt_ids(core: Core) -> None:
+def test_a_request_without_a_spec_records_its_prompt_ids(core: ModelService) -> None:
     stream = core.start(CoreRequest(prompts=[PROMPT], sampling=sampling(2), route="POST /test"))
     run(stream)
     assert stream.record is not None and stream.record.committed is not None
@@ -94,7 +94,7 @@ def test_a_request_without_a_spec_records_its_prompt_ids(core: Core) -> None:
 
 
 @on_tiny_llama
-def test_batch_invariant_reaches_the_sampling_params(core: Core) -> None:
+def test_batch_invariant_reaches_the_sampling_params(core: ModelService) -> None:
     stream = core.start(CoreRequest(prompts=[PROMPT], sampling=sampling(2), batch_invariant=True))
     assert all(choice.params.batch_invariant for choice in stream.choices)
     run(stream)
@@ -132,7 +132,7 @@ def test_the_time_limit_finishes_with_length_and_stops_the_engine(tiny, tmp_path
 
 
 @on_tiny_llama
-def test_a_store_that_fails_never_breaks_the_generation(core: Core) -> None:
+def test_a_store_that_fails_never_breaks_the_generation(core: ModelService) -> None:
     assert core.sessions is not None
     core.sessions.close()  # every write now fails: the writer is shut down
 

@@ -105,6 +105,9 @@ def test_a_call_after_an_assistant_message_joins_it() -> None:
         ([{"role": "robot", "content": "Hi"}], "input[0].role"),
         ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], "input[0].content[0]"),
         ([{"role": "user", "content": [{"type": "input_text"}]}], "input[0].content[0]"),
+        ([{"role": "user", "content": [{"type": {}, "text": "x"}]}], "input[0].content[0].type"),  # was a 500
+        ([{"role": "user", "content": [{"type": ["input_text"]}]}], "input[0].content[0].type"),
+        ([{"role": "user", "content": ["x"]}], "input[0].content[0].type"),
         ([{"type": "function_call", "name": "f", "arguments": "{}"}], "input[0].call_id"),
         ([{"type": "function_call_output", "call_id": "c", "output": 3}], "input[0].output"),
         ([{"type": "item_reference", "id": "msg_1"}], "input[0]"),

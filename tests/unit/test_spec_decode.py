@@ -17,8 +17,8 @@ import torch
 
 from argosy.api.openai.common import usage_json
 from argosy.chat.events import Finish
-from argosy.config import EngineConfig, OperatorSampling, ServerConfig
-from argosy.core.service import Core
+from argosy.config import EngineConfig, ModelSpec, OperatorSampling, ServerConfig
+from argosy.core.service import ModelService, ServiceOptions
 from argosy.core.stream import CoreRequest
 from argosy.engine.async_engine import AsyncEngine
 from argosy.engine.llm_engine import LLMEngine
@@ -433,11 +433,12 @@ def test_core_reports_speculation_in_usage_and_the_access_log(
     tiny_llama: TinyModel, speculative: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     tiny = tiny_llama
-    engine_config = EngineConfig(model="tiny", speculative=speculative, compile="off")
     operator = OperatorSampling(spec_max_temperature=0.0)
     engine = AsyncEngine(tiny.engine(max_model_len=256, speculative=speculative, ngram_min=1, ngram_max=3))
-    core = Core(engine_config, ServerConfig(operator_sampling=operator))
-    core.attach(engine)
+    options = ServiceOptions.of(
+        ModelSpec("tiny", "tiny"), ServerConfig(operator_sampling=operator), speculative
+    )
+    core = ModelService("tiny", engine, options)
     try:
         ids = draft_prone_prompt(tiny, 3)
         sampling = RequestSampling(max_tokens=40, ignore_eos=True)  # temperature: nobody's choice

@@ -17,10 +17,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -33,7 +33,9 @@ from argosy.api.openai.common import (
     render_error,
     usage_json,
 )
-from argosy.api.transport import read_model, run_unless_disconnected
+from argosy.api.openai.content import text_of_parts
+from argosy.api.route import ModelRoute, RouteCall, run_route
+from argosy.api.transport import run_unless_disconnected
 from argosy.chat.events import (
     Event,
     Finish,
@@ -46,47 +48,32 @@ from argosy.chat.events import (
     ToolCallStart,
 )
 from argosy.chat.messages import ChatInput
-from argosy.core.admission import QOS_HEADER, request_qos
 from argosy.core.chat_request import prepare_chat
 from argosy.core.constraints import check_chat_options
 from argosy.core.conversation import chat_message_events
 from argosy.core.recording import SessionSpec
-from argosy.core.service import Core
+from argosy.core.service import ModelService
 from argosy.core.stream import CollectedChoice, CoreRequest, CoreStream, collect
 from argosy.errors import InvalidRequestError
 from argosy.sampling_params import MAX_LOGPROBS
 
 router = APIRouter()
 
-_MEDIA_PARTS = {"image_url": "images", "input_audio": "audio", "file": "files", "video_url": "video"}
-
-
-def _content_text(value: Any) -> str | None:
-    """String content as is; text parts joined; media refused (the models served are text-only)."""
-    if value is None or isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise ValueError("content must be a string or a list of content parts")
-    texts: list[str] = []
-    for position, part in enumerate(value):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind in _MEDIA_PARTS:
-            raise ValueError(f"this model does not accept {_MEDIA_PARTS[kind]} (part {position} is {kind!r})")
-        elif kind == "text":
-            raise ValueError(f"content part {position} is a text part without a string 'text'")
-        else:
-            raise ValueError(f"content part {position} has unsupported type {kind!r}")
-    return "".join(texts)
-
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[Any, BeforeValidator(_content_text)] = None
+    content: Any = None  # a string or content parts: read by ChatCompletionRequest.check
     name: str | None = None
+
+    def read_content(self, where: str) -> None:
+        """Content parts joined into the text they carry; a 400 naming the part if malformed."""
+        if self.content is None or isinstance(self.content, str):
+            return
+        if not isinstance(self.content, list):
+            raise InvalidRequestError(f"'{where}' must be a string or a list of content parts.", where)
+        self.content = "".join(text_of_parts(self.content, where))
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -111,7 +98,9 @@ class ChatCompletionRequest(SamplingFields):
     _chat: ChatInput | None = PrivateAttr(default=None)
 
     def check(self) -> None:
-        """Cross-field checks that need no model."""
+        """Content parts, then cross-field checks that need no model."""
+        for position, message in enumerate(self.messages):
+            message.read_content(f"messages[{position}].content")
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs to be true.", param="top_logprobs")
         reserved = {"messages", "add_generation_prompt", "tools"} & set(self.chat_template_kwargs or {})
@@ -158,20 +147,16 @@ class ChatCompletionRequest(SamplingFields):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-async def to_core(
-    body: ChatCompletionRequest, core: Core, request_id: str = "-"
-) -> tuple[CoreRequest, list[str]]:
+async def to_core(body: ChatCompletionRequest, service: ModelService) -> tuple[CoreRequest, list[str]]:
     """The CoreRequest, and the fields this model does not honour (x-argosy-degraded)."""
-    prepared = await prepare_chat(core, body.chat_input())
+    prepared = await prepare_chat(service, body.chat_input())
     degraded = list(prepared.degraded)
-    if body.reasoning_effort is not None and not core.chat_profile().reads("reasoning_effort"):
+    if body.reasoning_effort is not None and not service.chat_profile().reads("reasoning_effort"):
         degraded.append("reasoning_effort")
     sampling = body.request_sampling(
         max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=body.num_logprobs
     )
-    core_request = prepared.core_request(
-        sampling, n=body.n, route="POST /v1/chat/completions", request_id=request_id
-    )
+    core_request = prepared.core_request(sampling, n=body.n)
     return core_request, degraded
 
 
@@ -312,27 +297,30 @@ async def _complete(stream: CoreStream, model_id: str) -> dict[str, Any]:
     }
 
 
+class ChatCompletionsRoute(ModelRoute[ChatCompletionRequest]):
+    route = "POST /v1/chat/completions"
+    body_type = ChatCompletionRequest
+
+    async def serve(self, body: ChatCompletionRequest, service: ModelService, call: RouteCall) -> Response:
+        model_id = call.model_id
+        core_request, chat_degraded = await to_core(body, service)
+        core_request.batch_invariant = body.batch_invariant
+        core_request.session = SessionSpec(
+            inputs=[chat_message_events(body.messages)],
+            metadata={"kind": "chat.completion", "model": model_id, "request_id": call.request_id},
+            is_ephemeral=not body.store,
+        )
+        stream = call.start(core_request)
+        degraded = body.degraded_fields() + chat_degraded
+        if body.stream:
+            frames = sse_frames(_stream_chunks(body, stream, model_id), render_error, stream.degraded)
+            return SSEResponse(frames, headers=degraded_headers(degraded))
+        result = await run_unless_disconnected(call.request, _complete(stream, model_id))
+        if result is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        return JSONResponse(result, headers=degraded_headers(degraded + stream.degraded))
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    core: Core = request.app.state.core
-    body = await read_model(request, ChatCompletionRequest)
-    body.check()
-    qos = request_qos(body.priority, request.headers.get(QOS_HEADER))
-    model_id = core.resolve_model(body.model)
-    core_request, chat_degraded = await to_core(body, core, request.state.request_id)
-    core_request.qos, core_request.batch_invariant = qos, body.batch_invariant
-    core_request.session = SessionSpec(
-        inputs=[chat_message_events(body.messages)],
-        metadata={"kind": "chat.completion", "model": model_id, "request_id": request.state.request_id},
-        is_ephemeral=not body.store,
-    )
-    stream = core.start(core_request)
-    degraded = body.degraded_fields() + chat_degraded
-    headers = degraded_headers(degraded)
-    if body.stream:
-        frames = sse_frames(_stream_chunks(body, stream, model_id), render_error, stream.degraded)
-        return SSEResponse(frames, headers=headers)
-    result = await run_unless_disconnected(request, _complete(stream, model_id))
-    if result is None:
-        return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(result, headers=degraded_headers(degraded + stream.degraded))
+    return await run_route(request, ChatCompletionsRoute())

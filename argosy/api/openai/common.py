@@ -94,21 +94,7 @@ class SamplingFields(BaseModel):
     batch_invariant: bool = False  # tokens equal a solo run, whatever else is batched
 
     def request_sampling(self, *, max_tokens: int | None, logprobs: int | None) -> RequestSampling:
-        return RequestSampling(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=0 if self.top_k == -1 else self.top_k,
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            seed=self.seed,
-            max_tokens=max_tokens,
-            logit_bias=self.logit_bias,
-            logprobs=logprobs,
-            stop=self.stop,
-            ignore_eos=self.ignore_eos,
-        )
+        return request_sampling(self, max_tokens=max_tokens, logprobs=logprobs)
 
     @property
     def include_usage(self) -> bool:
@@ -117,6 +103,33 @@ class SamplingFields(BaseModel):
     @property
     def continuous_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.continuous_usage_stats
+
+
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "logit_bias",
+    "stop",
+)
+
+
+def request_sampling(body: Any, *, max_tokens: int | None, logprobs: int | None = None) -> RequestSampling:
+    """The sampling an OpenAI request asks for, from whichever of SamplingFields' names its
+    body has (the Responses body has fewer); top_k -1 (vLLM's "off") is 0."""
+    values = {name: getattr(body, name, None) for name in _SAMPLING_FIELDS}
+    top_k = getattr(body, "top_k", None)
+    return RequestSampling(
+        **values,
+        top_k=0 if top_k == -1 else top_k,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        ignore_eos=bool(getattr(body, "ignore_eos", False)),
+    )
 
 
 def finite_logprob(logprob: float | None) -> float | None:

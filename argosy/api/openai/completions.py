@@ -28,11 +28,11 @@ from argosy.api.openai.common import (
     render_error,
     usage_json,
 )
-from argosy.api.transport import read_model, run_unless_disconnected
+from argosy.api.route import ModelRoute, RouteCall, run_route
+from argosy.api.transport import run_unless_disconnected
 from argosy.chat.events import Finish, PromptEcho, TextDelta, TokenLogprobs
-from argosy.core.admission import QOS_HEADER, request_qos
 from argosy.core.recording import SessionSpec
-from argosy.core.service import Core
+from argosy.core.service import ModelService
 from argosy.core.stream import CoreRequest, CoreStream, collect
 from argosy.errors import InvalidRequestError
 from argosy.sampling_params import MAX_LOGPROBS
@@ -89,8 +89,8 @@ class CompletionRequest(SamplingFields):
         return ["best_of"] if self.best_of is not None and self.best_of > self.n else []
 
 
-def to_core(body: CompletionRequest, core: Core, request_id: str = "-") -> CoreRequest:
-    prompts = [core.encode_text(p) if isinstance(p, str) else p for p in body.prompt]
+def to_core(body: CompletionRequest, service: ModelService) -> CoreRequest:
+    prompts = [service.encode_text(p) if isinstance(p, str) else p for p in body.prompt]
     sampling = body.request_sampling(max_tokens=body.max_tokens, logprobs=body.logprobs)
     if body.echo and body.logprobs is not None:
         sampling.prompt_logprobs = body.logprobs
@@ -99,9 +99,7 @@ def to_core(body: CompletionRequest, core: Core, request_id: str = "-") -> CoreR
         sampling=sampling,
         n=body.n,
         echo=body.echo,
-        route="POST /v1/completions",
         prompt_param="prompt",
-        request_id=request_id,
     )
 
 
@@ -214,25 +212,29 @@ async def _complete(body: CompletionRequest, stream: CoreStream, model_id: str) 
     }
 
 
+class CompletionsRoute(ModelRoute[CompletionRequest]):
+    route = "POST /v1/completions"
+    body_type = CompletionRequest
+
+    async def serve(self, body: CompletionRequest, service: ModelService, call: RouteCall) -> Response:
+        model_id = call.model_id
+        core_request = to_core(body, service)
+        core_request.batch_invariant = body.batch_invariant
+        core_request.session = _session_spec(body, model_id, call.request_id)
+        stream = call.start(core_request)
+        headers = degraded_headers(body.degraded_fields())
+        if body.stream:
+            frames = sse_frames(_stream_chunks(body, stream, model_id), render_error, stream.degraded)
+            return SSEResponse(frames, headers=headers)
+        result = await run_unless_disconnected(call.request, _complete(body, stream, model_id))
+        if result is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        return JSONResponse(result, headers=degraded_headers(body.degraded_fields() + stream.degraded))
+
+
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    core: Core = request.app.state.core
-    body = await read_model(request, CompletionRequest)
-    body.check()
-    qos = request_qos(body.priority, request.headers.get(QOS_HEADER))
-    model_id = core.resolve_model(body.model)
-    core_request = to_core(body, core, request.state.request_id)
-    core_request.qos, core_request.batch_invariant = qos, body.batch_invariant
-    core_request.session = _session_spec(body, model_id, request.state.request_id)
-    stream = core.start(core_request)
-    headers = degraded_headers(body.degraded_fields())
-    if body.stream:
-        frames = sse_frames(_stream_chunks(body, stream, model_id), render_error, stream.degraded)
-        return SSEResponse(frames, headers=headers)
-    result = await run_unless_disconnected(request, _complete(body, stream, model_id))
-    if result is None:
-        return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(result, headers=degraded_headers(body.degraded_fields() + stream.degraded))
+    return await run_route(request, CompletionsRoute())
 
 
 def _session_spec(body: CompletionRequest, model_id: str, request_id: str) -> SessionSpec:

@@ -3,7 +3,8 @@
 The descriptor says what a client may ask of the model: context length, modalities, whether
 it has a chat template / thinking / tool-call dialect, its weights' format, and the sampling
 values a request that sets nothing runs with (SPEC §3 rule 7: sending them back changes
-nothing). While the model loads, what is not known yet is null.
+nothing). Every configured model is listed with its state (`loaded`, `loading`, `unloaded`,
+`unloading`, `failed`); what is not known until it loads is null.
 """
 
 from __future__ import annotations
@@ -14,13 +15,36 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from argosy.core.service import Core, ModelInfo
+from argosy.core.registry import ModelRegistry
+from argosy.core.service import ModelInfo
 from argosy.errors import NotFoundError
 
 router = APIRouter()
 
 
 def model_json(info: ModelInfo) -> dict[str, Any]:
+    if info.kind == "embedding":
+        return {
+            "id": info.id,
+            "object": "model",
+            "created": info.created,
+            "owned_by": "argosy",
+            "max_model_len": info.context_length,
+            "capabilities": {
+                "kind": info.kind,
+                "state": info.state,
+                "loaded": info.is_loaded,
+                "aliases": list(info.aliases),
+                "context_length": info.context_length,
+                "modalities": ["text"],
+                "embeddings": True,
+                "dimensions": info.dimensions,
+                "architecture": info.architecture,
+                "dtype": info.dtype,
+                "memory_bytes": info.memory_bytes,
+                "error": info.error,
+            },
+        }
     return {
         "id": info.id,
         "object": "model",
@@ -28,7 +52,10 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
         "owned_by": "argosy",
         "max_model_len": info.context_length,
         "capabilities": {
+            "kind": info.kind,
+            "state": info.state,
             "loaded": info.is_loaded,
+            "aliases": list(info.aliases),
             "context_length": info.context_length,
             "modalities": ["text"],
             "chat_template": info.has_chat_template,
@@ -42,22 +69,24 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "speculative_decoding": info.speculative,
             "weights": info.weights,
             "compiled_decode": info.compiled_decode,
+            "memory_bytes": info.memory_bytes,
+            "error": info.error,
         },
     }
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
-    core: Core = request.app.state.core
-    return JSONResponse({"object": "list", "data": [model_json(core.model_info())]})
+    registry: ModelRegistry = request.app.state.registry
+    return JSONResponse({"object": "list", "data": [model_json(registry.info(e)) for e in registry.entries]})
 
 
 @router.get("/v1/models/{model_id:path}")
 async def retrieve_model(request: Request, model_id: str) -> JSONResponse:
-    core: Core = request.app.state.core
+    registry: ModelRegistry = request.app.state.registry
     try:
-        core.resolve_model(model_id)
+        entry = registry.resolve(model_id)
     except NotFoundError as exc:
         exc.param = None  # a path segment, not a body field
         raise
-    return JSONResponse(model_json(core.model_info()))
+    return JSONResponse(model_json(registry.info(entry)))

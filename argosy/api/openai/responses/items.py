@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from argosy.api.openai.content import text_of_parts
 from argosy.core.conversation import content_text
 from argosy.errors import InvalidRequestError
 from argosy.sessions.events import Finished, MessageAppended, SessionEvent, SpanGenerated, ToolUsed
@@ -29,7 +30,6 @@ from argosy.sessions.store import StoredEvent
 
 _MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
-_MEDIA_PARTS = {"input_image": "images", "input_file": "files", "input_audio": "audio"}
 _ITEM_PREFIX = {"message": "msg", "reasoning": "rs", "function_call": "fc", "function_call_output": "fco"}
 
 
@@ -138,22 +138,8 @@ def _message_content(value: Any, where: str) -> str | list[dict[str, Any]]:
         return value
     if not isinstance(value, list):
         raise InvalidRequestError(f"'{where}' must be a string or a list of content parts.", where)
-    parts: list[dict[str, Any]] = []
-    for position, part in enumerate(value):
-        part_where = f"{where}[{position}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "text": part["text"]})
-        elif kind == "refusal" and isinstance(part.get("refusal"), str):
-            parts.append({"type": "text", "text": part["refusal"]})
-        elif kind in _MEDIA_PARTS:
-            raise InvalidRequestError(
-                f"This model does not accept {_MEDIA_PARTS[kind]} ('{part_where}' is {kind!r}).", part_where
-            )
-        else:
-            raise InvalidRequestError(
-                f"'{part_where}' is not a text content part (type {kind!r}).", part_where
-            )
+    texts = text_of_parts(value, where, text_types=frozenset(_TEXT_PARTS), refusals=True)
+    parts: list[dict[str, Any]] = [{"type": "text", "text": text} for text in texts]
     return parts
 
 

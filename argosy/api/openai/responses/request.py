@@ -21,12 +21,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from argosy.api.openai.common import request_sampling
 from argosy.api.openai.responses.store import StoredResponse
 from argosy.chat.messages import ChatInput, Message, OutputFormat, ToolChoice, ToolDefinition
 from argosy.core.chat_request import PreparedChat, prepare_chat
 from argosy.core.constraints import check_chat_options
 from argosy.core.conversation import chat_message, continued_prompt, generated_token_ids, history_messages
-from argosy.core.service import Core
+from argosy.core.service import ModelService
 from argosy.errors import InvalidRequestError
 from argosy.sampling_params import RequestSampling
 from argosy.sessions.events import MessageAppended
@@ -167,16 +168,7 @@ class ResponsesRequest(BaseModel):
         return [name for name, is_asked in asks.items() if is_asked]
 
     def sampling(self) -> RequestSampling:
-        return RequestSampling(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=0 if self.top_k == -1 else self.top_k,
-            min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty,
-            seed=self.seed,
-            max_tokens=self.max_output_tokens,
-            ignore_eos=self.ignore_eos,
-        )
+        return request_sampling(self, max_tokens=self.max_output_tokens)
 
     def echo(self, model_id: str, created_at: int) -> dict[str, Any]:
         """The request fields a Response object repeats."""
@@ -230,7 +222,7 @@ class Turn:
 
 
 async def build_turn(
-    core: Core, body: ResponsesRequest, inputs: list[MessageAppended], previous: StoredResponse | None
+    core: ModelService, body: ResponsesRequest, inputs: list[MessageAppended], previous: StoredResponse | None
 ) -> Turn:
     """The conversation so far + the new input, through the chat layer (template, tools,
     constraints); the prompt ids extend the previous turn's when its text allows."""

@@ -20,7 +20,6 @@ request timeout, learned once under way, ends the stream as an SSE comment (sse.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -31,8 +30,8 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from argosy.api.errors import internal_error, openai_error_body
-from argosy.api.framing import SSEResponse, degraded_comment
+from argosy.api.errors import openai_error_body
+from argosy.api.framing import SSEResponse, sse_frames
 from argosy.api.openai.common import degraded_headers
 from argosy.api.openai.responses.items import conversation_items, input_events, output_items
 from argosy.api.openai.responses.request import ResponsesRequest, build_turn
@@ -47,10 +46,11 @@ from argosy.api.openai.responses.store import (
     stored_response_json,
 )
 from argosy.api.openai.responses.stream import ResponseStreamRenderer
-from argosy.api.transport import read_model, run_unless_disconnected
-from argosy.core.admission import QOS_HEADER, request_qos
+from argosy.api.route import ModelRoute, RouteCall, run_route
+from argosy.api.transport import run_unless_disconnected
 from argosy.core.recording import SessionRecorder, SessionSpec
-from argosy.core.service import Core
+from argosy.core.registry import ModelRegistry
+from argosy.core.service import ModelService
 from argosy.core.stream import CoreStream
 from argosy.errors import ArgosyError, InvalidRequestError, NotFoundError
 from argosy.sessions.events import SessionEvent
@@ -88,79 +88,86 @@ def _in_flight(request: Request) -> set[str]:
     return flying
 
 
-def _recorder(core: Core) -> SessionRecorder:
-    if core.sessions is None:
+def _recorder(request: Request) -> SessionRecorder:
+    recorder: SessionRecorder | None = request.app.state.sessions
+    if recorder is None:
         raise ArgosyError("This server keeps no sessions; /v1/responses needs them.")
-    return core.sessions
+    return recorder
 
 
 # -- create ---------------------------------------------------------------------------------------
 
 
+class CreateResponseRoute(ModelRoute[ResponsesRequest]):
+    route = ROUTE
+    body_type = ResponsesRequest
+
+    async def serve(self, body: ResponsesRequest, service: ModelService, call: RouteCall) -> Response:
+        request = call.request
+        inputs = input_events(body.input)
+        model_id = call.model_id
+        recorder = _recorder(request)
+        previous = None
+        if body.previous_response_id is not None:
+            previous = await recorder.read(
+                load_response, recorder.store, body.previous_response_id, "previous_response_id"
+            )
+            if previous.key in _in_flight(request):
+                raise InvalidRequestError(
+                    f"Previous response with id '{body.previous_response_id}' is still in progress.",
+                    "previous_response_id",
+                )
+        turn = await build_turn(service, body, inputs, previous)
+        created_at = int(time.time())
+        echo = body.echo(model_id, created_at)
+        input_from = previous.session.last_seq + 1 if previous is not None else 1
+        metadata = {
+            "kind": RESPONSE_KIND,
+            "response": echo,
+            "prompt_ids": turn.prepared.prompt_ids,
+            "prompt_source": turn.prompt_source,
+            "input_from_seq": input_from,
+            "output_from_seq": input_from + len(inputs),
+        }
+        spec = SessionSpec(inputs=[list(inputs)], metadata=metadata, is_ephemeral=not body.store)
+        core_request = turn.prepared.core_request(
+            body.sampling(), batch_invariant=body.batch_invariant, session=spec, prompt_param="input"
+        )
+        stream = call.start(core_request)  # every check, and admission, before the session opens
+        degraded = body.degraded_fields() + turn.degraded
+        try:
+            session = await recorder.write(
+                "open response session",
+                _open_session,
+                recorder.store,
+                previous,
+                metadata,
+                not body.store,
+                inputs,
+            )
+            key = session.id
+            spec.session_id, spec.input_end_seq = key, session.last_seq
+        except NotFoundError:  # the previous response was deleted meanwhile
+            stream.close()
+            raise not_found(body.previous_response_id or "", "previous_response_id") from None
+        except Exception:
+            log.exception("could not store the response; serving it unstored")
+            key, spec.is_ephemeral = uuid.uuid4().hex, True  # the core records it as it can
+            degraded.append("store")
+        response_id = response_id_of(key)
+        flying = _in_flight(request)
+        if body.stream:
+            frames = _sse(_stream_events(stream, key, echo, flying), stream.degraded)
+            return SSEResponse(frames, headers=degraded_headers(degraded))
+        result = await run_unless_disconnected(request, _complete(stream, response_id, echo, flying))
+        if result is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        return JSONResponse(result, headers=degraded_headers(degraded + stream.degraded))
+
+
 @router.post("/v1/responses")
 async def create_response(request: Request) -> Response:
-    core: Core = request.app.state.core
-    body = await read_model(request, ResponsesRequest)
-    body.check()
-    inputs = input_events(body.input)
-    qos = request_qos(body.priority, request.headers.get(QOS_HEADER))
-    model_id = core.resolve_model(body.model)
-    recorder = _recorder(core)
-    previous = None
-    if body.previous_response_id is not None:
-        previous = await recorder.read(
-            load_response, recorder.store, body.previous_response_id, "previous_response_id"
-        )
-        if previous.key in _in_flight(request):
-            raise InvalidRequestError(
-                f"Previous response with id '{body.previous_response_id}' is still in progress.",
-                "previous_response_id",
-            )
-    turn = await build_turn(core, body, inputs, previous)
-    created_at = int(time.time())
-    echo = body.echo(model_id, created_at)
-    input_from = previous.session.last_seq + 1 if previous is not None else 1
-    metadata = {
-        "kind": RESPONSE_KIND,
-        "response": echo,
-        "prompt_ids": turn.prepared.prompt_ids,
-        "prompt_source": turn.prompt_source,
-        "input_from_seq": input_from,
-        "output_from_seq": input_from + len(inputs),
-    }
-    spec = SessionSpec(inputs=[list(inputs)], metadata=metadata, is_ephemeral=not body.store)
-    core_request = turn.prepared.core_request(
-        body.sampling(),
-        qos=qos,
-        batch_invariant=body.batch_invariant,
-        session=spec,
-        route=ROUTE,
-        prompt_param="input",
-        request_id=request.state.request_id,
-    )
-    stream = core.start(core_request)  # every check, and admission, before the session opens
-    degraded = body.degraded_fields() + turn.degraded
-    try:
-        session = await recorder.write(
-            "open response session", _open_session, recorder.store, previous, metadata, not body.store, inputs
-        )
-        key = session.id
-        spec.session_id, spec.input_end_seq = key, session.last_seq
-    except NotFoundError:  # the previous response was deleted meanwhile
-        raise not_found(body.previous_response_id or "", "previous_response_id") from None
-    except Exception:
-        log.exception("could not store the response; serving it unstored")
-        key, spec.is_ephemeral = uuid.uuid4().hex, True  # the core records it as it can
-        degraded.append("store")
-    response_id = response_id_of(key)
-    flying = _in_flight(request)
-    if body.stream:
-        frames = _sse(_stream_events(stream, key, echo, flying), stream.degraded)
-        return SSEResponse(frames, headers=degraded_headers(degraded))
-    result = await run_unless_disconnected(request, _complete(stream, response_id, echo, flying))
-    if result is None:
-        return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(result, headers=degraded_headers(degraded + stream.degraded))
+    return await run_route(request, CreateResponseRoute())
 
 
 async def _committed(stream: CoreStream) -> bool:
@@ -220,41 +227,32 @@ async def _stream_events(
     yield renderer.lifecycle(kind, final)
 
 
-async def _sse(events: AsyncIterator[dict[str, Any]], late_degraded: list[str]) -> AsyncIterator[bytes]:
+def _sse(events: AsyncIterator[dict[str, Any]], late_degraded: list[str]) -> AsyncIterator[bytes]:
     """SSE as OpenAI frames the Responses stream: `event: <type>` + data; no [DONE]. A failure
     is one `error` event (type, code, message, param, sequence_number). What was degraded only
     once under way (`late_degraded`, read at the end: a request timeout) closes the stream as
-    an SSE comment (sse.degraded_comment)."""
-    sequence_number = 0
-    try:
-        async for payload in events:
-            sequence_number = payload["sequence_number"] + 1
-            yield _frame(payload["type"], payload)
-    except Exception as exc:
-        error = exc if isinstance(exc, ArgosyError) else internal_error(exc)
-        if not isinstance(exc, ArgosyError):
-            log.exception("response stream failed")
+    an SSE comment."""
+    next_number = [0]
+
+    async def numbered() -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for payload in events:
+                next_number[0] = payload["sequence_number"] + 1
+                yield payload
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    def render_error(error: ArgosyError) -> dict[str, Any]:
         body = openai_error_body(error)["error"]
-        yield _frame(
-            "error",
-            {
-                "type": "error",
-                "code": body["code"] or body["type"],
-                "message": body["message"],
-                "param": body["param"],
-                "sequence_number": sequence_number,
-            },
-        )
-        return
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
-    if late_degraded:
-        yield degraded_comment(late_degraded)
+        return {
+            "type": "error",
+            "code": body["code"] or body["type"],
+            "message": body["message"],
+            "param": body["param"],
+            "sequence_number": next_number[0],
+        }
 
-
-def _frame(kind: str, payload: dict[str, Any]) -> bytes:
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {kind}\ndata: {data}\n\n".encode()
+    return sse_frames(numbered(), render_error, late_degraded, event_key="type", done=False)
 
 
 # -- retrieve, delete, input items ---------------------------------------------------------------
@@ -262,14 +260,14 @@ def _frame(kind: str, payload: dict[str, Any]) -> bytes:
 
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(request: Request, response_id: str) -> JSONResponse:
-    recorder = _recorder(request.app.state.core)
+    recorder = _recorder(request)
     stored = await recorder.read(load_response, recorder.store, response_id)
     return JSONResponse(stored_response_json(stored, is_in_flight=stored.key in _in_flight(request)))
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(request: Request, response_id: str) -> JSONResponse:
-    recorder = _recorder(request.app.state.core)
+    recorder = _recorder(request)
     stored = await recorder.read(load_response, recorder.store, response_id)
     try:
         await recorder.write("delete response", recorder.store.delete, stored.key)
@@ -293,7 +291,7 @@ async def list_input_items(request: Request, response_id: str) -> JSONResponse:
         raise InvalidRequestError("limit must be an integer.", "limit") from None
     if not 1 <= limit <= 100:
         raise InvalidRequestError(f"limit must be between 1 and 100, got {limit}.", "limit")
-    recorder = _recorder(request.app.state.core)
+    recorder = _recorder(request)
     stored = await recorder.read(load_response, recorder.store, response_id)
     items = conversation_items(stored.prior_events)
     if order == "desc":
@@ -321,14 +319,20 @@ async def list_input_items(request: Request, response_id: str) -> JSONResponse:
 @router.get("/v1/argosy/responses/{response_id}/prompt")
 async def response_prompt(request: Request, response_id: str) -> JSONResponse:
     """The prompt a stored response was generated from, as the model saw it (introspection)."""
-    core: Core = request.app.state.core
-    recorder = _recorder(core)
+    recorder = _recorder(request)
     stored = await recorder.read(load_response, recorder.store, response_id)
     prompt_ids = list(stored.metadata.get("prompt_ids", []))
+    model_id = stored.metadata.get("response", {}).get("model")
+    registry: ModelRegistry = request.app.state.registry
+    lease = await registry.acquire(registry.resolve(model_id, "chat"))
+    try:
+        prompt = lease.service.decode(prompt_ids)
+    finally:
+        lease.release()
     return JSONResponse(
         {
             "id": response_id,
-            "prompt": core.decode(prompt_ids),
+            "prompt": prompt,
             "prompt_token_ids": prompt_ids,
             "prompt_source": stored.metadata.get("prompt_source"),
         }

@@ -1,0 +1,130 @@
+"""The HTTP side of the one pipeline (argosy/core/pipeline.py). Every model route is a
+ModelRoute: its body type, its cheap checks, the model and QoS it names, and `serve` (prepare,
+start, render). `run_route` runs the skeleton around it, so no route re-implements a step:
+
+    read body (size-limited by the middleware) -> parse -> route.check -> QoS -> policy hook
+    -> resolve + acquire the model (load on request) -> route.serve (prepare -> admit ->
+    start -> render) -> request events (started / finished / rejected)
+
+The model lease is held until the generation's stream closes (streaming responses end after
+this function returns), or until `serve` returns when no stream was started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+
+from argosy.api.errors import status_of
+from argosy.api.framing import SSEResponse
+from argosy.api.transport import read_model
+from argosy.core.admission import QOS_HEADER, request_qos
+from argosy.core.pipeline import Pipeline, RequestContext
+from argosy.core.registry import Lease
+from argosy.core.stream import CoreRequest, CoreStream
+from argosy.errors import ArgosyError
+
+BodyT = TypeVar("BodyT", bound=BaseModel)
+
+
+class RouteCall:
+    """One run of a route: what `serve` needs beyond the body and the model's service."""
+
+    def __init__(
+        self, request: Request, ctx: RequestContext, pipeline: Pipeline, lease: Lease, qos: str
+    ) -> None:
+        self.request = request
+        self.ctx = ctx
+        self.pipeline = pipeline
+        self.lease = lease
+        self.qos = qos
+        self.stream: CoreStream | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.ctx.request_id
+
+    @property
+    def model_id(self) -> str:
+        assert self.ctx.model_id is not None
+        return self.ctx.model_id
+
+    def start(self, core_request: CoreRequest) -> CoreStream:
+        """Admit and start a generation on the leased model; the lease and the request's
+        'finished' event go with the stream's end."""
+        core_request.qos = self.qos
+        core_request.request_id = self.ctx.request_id
+        core_request.route = self.ctx.route
+        core_request.arrival = self.pipeline.arrival(self.ctx)
+        stream: CoreStream = self.lease.service.start(core_request)
+        self.stream = stream
+        stream.on_close.append(self.lease.release)
+        stream.on_close.append(lambda: self.pipeline.emit(self.ctx, "finished", 200))
+        return stream
+
+
+class ModelRoute(Generic[BodyT]):
+    """A route that serves a model. Subclasses set `route`, `body_type`, `kind` and write
+    `serve`; `check`, `model_name` and `qos` have the common defaults."""
+
+    route: ClassVar[str]  # e.g. "POST /v1/chat/completions"
+    kind: ClassVar[str] = "chat"  # the model kind it needs
+    body_type: type[BodyT]
+
+    def check(self, body: BodyT) -> None:
+        check: Callable[[], None] | None = getattr(body, "check", None)
+        if check is not None:
+            check()
+
+    def model_name(self, body: BodyT) -> str | None:
+        name: str | None = getattr(body, "model", None)
+        return name
+
+    def qos(self, body: BodyT, request: Request) -> str:
+        return request_qos(getattr(body, "priority", None), request.headers.get(QOS_HEADER))
+
+    async def serve(self, body: BodyT, service: Any, call: RouteCall) -> Response:
+        raise NotImplementedError
+
+
+def request_context(request: Request, route: str) -> RequestContext:
+    state = request.scope.get("state", {})
+    client = request.client
+    return RequestContext(
+        request_id=state.get("request_id", "-"),
+        route=route,
+        headers=dict(request.headers),
+        client=client.host if client is not None else None,
+        arrivals=state.get("arrivals"),
+    )
+
+
+async def run_route(request: Request, route: ModelRoute[Any]) -> Response:
+    pipeline: Pipeline = request.app.state.pipeline
+    ctx = request_context(request, route.route)
+    call: RouteCall | None = None
+    lease: Lease | None = None
+    try:
+        body = await read_model(request, route.body_type)
+        route.check(body)
+        qos = route.qos(body, request)
+        lease = await pipeline.acquire(ctx, route.model_name(body), route.kind)
+        call = RouteCall(request, ctx, pipeline, lease, qos)
+        response = await route.serve(body, lease.service, call)
+    except ArgosyError as exc:
+        if call is None or call.stream is None:
+            pipeline.emit(ctx, "rejected", status_of(exc), exc.message)
+        raise
+    finally:
+        if lease is not None and (call is None or call.stream is None):
+            lease.release()  # no generation holds it (else the stream releases it as it ends)
+    if call.stream is None:
+        pipeline.emit(ctx, "finished", response.status_code)
+    elif isinstance(response, SSEResponse):
+        # a client gone before the first frame leaves the stream never entered: close it anyway
+        response.closers.append(call.stream.close)
+    return response

@@ -1,0 +1,41 @@
+"""Loading a configured model into this process: the registry's `load_fn` for local engines.
+
+A chat model becomes an AsyncEngine (built on its own engine thread) behind a ModelService;
+an embedding model an AsyncEmbeddingEngine behind an EmbeddingService. Runs on a worker
+thread (the registry's), never on the event loop.
+"""
+
+from __future__ import annotations
+
+from argosy.config import EngineConfig, ModelSpec, ServerConfig
+from argosy.core.embedding_service import EmbeddingService
+from argosy.core.recording import SessionRecorder
+from argosy.core.registry import LoadedModel
+from argosy.core.service import ModelService, ServiceOptions
+
+
+class LocalModelLoader:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        server_config: ServerConfig,
+        sessions: SessionRecorder | None = None,
+    ) -> None:
+        self.engine_config = engine_config
+        self.server_config = server_config
+        self.sessions = sessions
+
+    def __call__(self, spec: ModelSpec) -> LoadedModel:
+        config = spec.engine_config(self.engine_config)
+        if spec.kind == "embedding":
+            from argosy.engine.embedding_engine import AsyncEmbeddingEngine, EmbeddingEngine
+
+            source, max_len = spec.source, spec.max_model_len
+            encoder = AsyncEmbeddingEngine(lambda: EmbeddingEngine(source, max_input_tokens=max_len))
+            return EmbeddingService(spec.id, encoder)
+        from argosy.engine.async_engine import AsyncEngine
+        from argosy.engine.llm_engine import LLMEngine
+
+        engine = AsyncEngine(lambda: LLMEngine(config))  # built on its own thread
+        options = ServiceOptions.of(spec, self.server_config, config.speculative)
+        return ModelService(spec.id, engine, options, sessions=self.sessions)

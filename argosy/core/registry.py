@@ -1,0 +1,358 @@
+"""ModelRegistry: every configured model, loaded on request, unloaded when room is needed.
+
+A model is `unloaded`, `loading`, `loaded`, `unloading` or `failed`. `acquire(name, kind)`
+resolves a request's `model` (unknown: 404; the wrong kind: 400 naming the model's kind —
+both before any load) and returns a Lease on the loaded model, loading it first if need be:
+concurrent requests for one model wait for one load; at most `max_concurrent_loads` loads
+run at once; a request that would wait past `model_load_timeout` gets 503 + Retry-After
+(the load goes on). A lease is held from acquire until its generation ends; a model is
+unloaded only when it holds none.
+
+Room: before a load, past `max_loaded_models` the least recently used unpinned model is
+unloaded (its in-flight requests finish first); after a load, past `max_loaded_memory`
+(the loaded models' own count of their weights and KV pool) likewise. A model idle for
+longer than its keep-alive (the model's, else the server's; None: forever) is unloaded by
+`sweep_idle`. Pinned models and the first configured one are loaded at start-up
+(`preload`); pinned ones are never unloaded to make room.
+
+Loading itself (files, quantization, packing, compile) happens in `load_fn`, on a worker
+thread: the registry only orders it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from argosy.config import ModelSpec, OperatorSampling
+from argosy.core.service import ModelInfo
+from argosy.engine.arrivals import Arrival
+from argosy.errors import ArgosyError, InvalidRequestError, ModelUnavailableError, NotFoundError
+from argosy.sampling_params import effective_defaults
+
+log = logging.getLogger("argosy.registry")
+
+
+class LoadedModel(Protocol):
+    """What a load returns: a ModelService (chat) or an EmbeddingService."""
+
+    model_id: str
+
+    def model_info(self, state: str = "loaded") -> ModelInfo: ...
+
+    def arriving(self) -> Arrival: ...
+
+    def shutdown(self) -> None: ...
+
+    @property
+    def is_alive(self) -> bool: ...
+
+
+LoadFn = Callable[[ModelSpec], LoadedModel]
+
+
+@dataclass(slots=True, eq=False)
+class ModelEntry:
+    spec: ModelSpec
+    created: int
+    state: str = "unloaded"
+    service: Any = None  # the LoadedModel while loaded
+    error: str | None = None
+    num_active: int = 0  # leases held
+    last_used: float = field(default_factory=time.monotonic)
+    num_loads: int = 0
+    loading: asyncio.Future[None] | None = None
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    unloaded: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def is_evictable(self) -> bool:
+        return self.state == "loaded" and not self.spec.pinned
+
+
+class Lease:
+    """A request's hold on a loaded model; `release()` once it is done (idempotent)."""
+
+    __slots__ = ("_entry", "_registry", "service")
+
+    def __init__(self, registry: ModelRegistry, entry: ModelEntry) -> None:
+        self._registry = registry
+        self._entry: ModelEntry | None = entry
+        self.service: Any = entry.service
+        entry.num_active += 1
+        entry.idle.clear()
+        entry.last_used = time.monotonic()
+
+    def release(self) -> None:
+        entry, self._entry = self._entry, None
+        if entry is None:
+            return
+        entry.num_active -= 1
+        entry.last_used = time.monotonic()
+        if entry.num_active == 0:
+            entry.idle.set()
+
+
+class ArrivalGroup:
+    """One request on its way, counted at every loaded chat model until the pipeline knows
+    which model it names (`keep`); then only that one's count stays until it is queued."""
+
+    __slots__ = ("_arrivals",)
+
+    def __init__(self, arrivals: dict[str, Arrival]) -> None:
+        self._arrivals = arrivals
+
+    def keep(self, model_id: str) -> Arrival | None:
+        kept = self._arrivals.pop(model_id, None)
+        self.done()
+        return kept
+
+    def done(self) -> None:
+        arrivals, self._arrivals = self._arrivals, {}
+        for arrival in arrivals.values():
+            arrival.done()
+
+
+class ModelRegistry:
+    def __init__(
+        self,
+        specs: list[ModelSpec],
+        load_fn: LoadFn,
+        *,
+        max_loaded_models: int | None = None,
+        max_loaded_memory: int | None = None,
+        max_concurrent_loads: int = 1,
+        load_timeout_s: float = 120.0,
+        keep_alive_s: float | None = None,
+        operator_sampling: OperatorSampling | None = None,
+    ) -> None:
+        if not specs:
+            raise InvalidRequestError("at least one model must be configured", "model")
+        created = int(time.time())
+        self.entries: list[ModelEntry] = [ModelEntry(spec, created) for spec in specs]
+        self._by_name: dict[str, ModelEntry] = {}
+        for entry in self.entries:
+            for name in entry.spec.names:
+                if name in self._by_name:
+                    raise InvalidRequestError(f"two configured models are named {name!r}", "model")
+                self._by_name[name] = entry
+        self._load_fn = load_fn
+        self.max_loaded_models = max_loaded_models
+        self.max_loaded_memory = max_loaded_memory
+        self.load_timeout_s = load_timeout_s
+        self.keep_alive_s = keep_alive_s
+        self.operator_sampling = operator_sampling or OperatorSampling()
+        self._load_slots = asyncio.Semaphore(max_concurrent_loads)
+        self._room_lock = asyncio.Lock()  # one load at a time decides what to unload
+        self.on_load_failed: Callable[[ModelEntry], None] | None = None
+
+    # -- names -----------------------------------------------------------------------------
+    def resolve(self, name: str | None, kind: str | None = None) -> ModelEntry:
+        """The entry a request's `model` names (None: the first model of `kind`); no load."""
+        if name is None:
+            for entry in self.entries:
+                if kind is None or entry.spec.kind == kind:
+                    return entry
+            raise InvalidRequestError(f"This server serves no {kind} model.", param="model")
+        found = self._by_name.get(name)
+        if found is None:
+            served = ", ".join(e.spec.id for e in self.entries)
+            raise NotFoundError(
+                f"The model '{name}' does not exist; this server serves: {served}.",
+                param="model",
+                code="model_not_found",
+            )
+        if kind is not None and found.spec.kind != kind:
+            article = "an" if found.spec.kind[0] in "aeiou" else "a"
+            raise InvalidRequestError(
+                f"The model '{name}' is {article} {found.spec.kind} model; this route needs a {kind} model.",
+                param="model",
+                code="wrong_model_kind",
+            )
+        return found
+
+    def loaded(self) -> list[ModelEntry]:
+        return [e for e in self.entries if e.state == "loaded"]
+
+    def info(self, entry: ModelEntry) -> ModelInfo:
+        if entry.state == "loaded" and entry.service is not None:
+            info: ModelInfo = entry.service.model_info("loaded")
+            return _replace_info(info, created=entry.created, aliases=entry.spec.aliases)
+        return ModelInfo(
+            id=entry.spec.id,
+            created=entry.created,
+            kind=entry.spec.kind,
+            state=entry.state,
+            is_loaded=False,
+            context_length=entry.spec.max_model_len,
+            architecture=None,
+            dtype=None,
+            quantization=None,
+            has_chat_template=False,
+            # only what the operator pins: the rest may change when the model loads
+            sampling_defaults=(
+                effective_defaults(entry.spec.sampling or self.operator_sampling, None)
+                if entry.spec.kind == "chat"
+                else {}
+            ),
+            aliases=entry.spec.aliases,
+            error=entry.error,
+        )
+
+    def arriving(self) -> ArrivalGroup:
+        """Count a request on its way at every loaded model (see ArrivalGroup)."""
+        return ArrivalGroup({e.spec.id: e.service.arriving() for e in self.loaded()})
+
+    # -- leases ----------------------------------------------------------------------------
+    async def acquire(self, entry: ModelEntry) -> Lease:
+        """A lease on `entry`'s loaded model, loading it first if need be (bounded wait)."""
+        deadline = time.monotonic() + self.load_timeout_s
+        while True:
+            if entry.state == "loaded":
+                return Lease(self, entry)
+            if entry.state == "unloading":
+                await self._wait(entry.unloaded.wait(), entry, deadline)
+                continue
+            if entry.state in ("unloaded", "failed"):
+                self._start_load(entry)
+            assert entry.loading is not None
+            await self._wait(asyncio.shield(entry.loading), entry, deadline)
+            if entry.state == "failed":
+                raise ArgosyError(f"Model {entry.spec.id!r} failed to load: {entry.error}")
+
+    async def _wait(self, awaitable: Any, entry: ModelEntry, deadline: float) -> None:
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                raise TimeoutError
+            await asyncio.wait_for(awaitable, remaining)
+        except TimeoutError:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
+            raise ModelUnavailableError(
+                f"Model {entry.spec.id!r} is {entry.state} and was not ready within "
+                f"{self.load_timeout_s:g} s; retry shortly.",
+                retry_after_s=max(1, round(self.load_timeout_s / 4)),
+            ) from None
+
+    # -- loading and unloading -----------------------------------------------------------------
+    def _start_load(self, entry: ModelEntry) -> None:
+        entry.state, entry.error = "loading", None
+        entry.unloaded.clear()
+        entry.loading = asyncio.get_running_loop().create_future()
+        asyncio.create_task(self._load(entry), name=f"load-{entry.spec.id}")
+
+    async def _load(self, entry: ModelEntry) -> None:
+        assert entry.loading is not None
+        future = entry.loading
+        try:
+            async with self._load_slots:
+                async with self._room_lock:
+                    await self._make_room_for(entry)
+                started = time.perf_counter()
+                log.info("loading model %r (%s, %s)", entry.spec.id, entry.spec.source, entry.spec.kind)
+                service = await asyncio.to_thread(self._load_fn, entry.spec)
+            entry.service, entry.state = service, "loaded"
+            entry.num_loads += 1
+            entry.last_used = time.monotonic()
+            entry.idle.set()
+            log.info("model %r loaded in %.1fs", entry.spec.id, time.perf_counter() - started)
+        except BaseException as exc:  # a model that cannot load fails its requests, not the server
+            log.exception("model %r failed to load", entry.spec.id)
+            entry.state, entry.error = "failed", f"{type(exc).__name__}: {exc}"
+            entry.unloaded.set()
+            if self.on_load_failed is not None:
+                self.on_load_failed(entry)
+        finally:
+            future.set_result(None)
+        if entry.state == "loaded" and self.max_loaded_memory is not None:
+            async with self._room_lock:
+                await self._fit_memory(keep=entry)
+
+    async def _make_room_for(self, entry: ModelEntry) -> None:
+        """Unload least recently used models until one more fits max_loaded_models."""
+        limit = self.max_loaded_models
+        if limit is None:
+            return
+        while True:
+            holding = [
+                e for e in self.entries if e is not entry and e.state in ("loaded", "loading", "unloading")
+            ]
+            if len(holding) < limit:
+                return
+            victims = sorted((e for e in holding if e.is_evictable), key=lambda e: e.last_used)
+            if victims:
+                await self.unload(
+                    victims[0], reason=f"room for {entry.spec.id!r} (--max-loaded-models {limit})"
+                )
+                continue
+            unloading = [e for e in holding if e.state == "unloading"]
+            if unloading:
+                await unloading[0].unloaded.wait()
+                continue
+            await asyncio.sleep(0.05)  # every other model is pinned or loading: wait (bounded by callers)
+
+    async def _fit_memory(self, keep: ModelEntry) -> None:
+        budget = self.max_loaded_memory
+        assert budget is not None
+        while True:
+            loaded = self.loaded()
+            total = sum(e.service.model_info().memory_bytes or 0 for e in loaded)
+            victims = sorted(
+                (e for e in loaded if e is not keep and e.is_evictable), key=lambda e: e.last_used
+            )
+            if total <= budget or not victims:
+                return
+            await self.unload(victims[0], reason=f"memory {total} > --max-loaded-memory {budget}")
+
+    async def unload(self, entry: ModelEntry, reason: str = "requested") -> None:
+        """Unload once its in-flight requests are done; new requests for it wait, then reload."""
+        if entry.state != "loaded":
+            return
+        entry.state = "unloading"
+        log.info("unloading model %r: %s (waiting for %d requests)", entry.spec.id, reason, entry.num_active)
+        if entry.num_active:
+            await entry.idle.wait()
+        service, entry.service = entry.service, None
+        await asyncio.to_thread(service.shutdown)
+        entry.state = "unloaded"
+        entry.unloaded.set()
+        log.info("model %r unloaded", entry.spec.id)
+
+    async def sweep_idle(self, now: float | None = None) -> list[str]:
+        """Unload models idle past their keep-alive; the ids unloaded."""
+        now = time.monotonic() if now is None else now
+        unloaded = []
+        for entry in self.entries:
+            keep_alive = entry.spec.keep_alive if entry.spec.keep_alive is not None else self.keep_alive_s
+            if keep_alive is None or not entry.is_evictable or entry.num_active:
+                continue
+            if now - entry.last_used >= keep_alive:
+                await self.unload(entry, reason=f"idle for {keep_alive:g} s (keep-alive)")
+                unloaded.append(entry.spec.id)
+        return unloaded
+
+    async def preload(self) -> None:
+        """Load the first configured model and every pinned one (start-up)."""
+        wanted = [self.entries[0], *(e for e in self.entries[1:] if e.spec.pinned)]
+        for entry in wanted:
+            if entry.state in ("unloaded", "failed"):
+                self._start_load(entry)
+        await asyncio.gather(*(e.loading for e in wanted if e.loading is not None))
+
+    def shutdown(self) -> None:
+        for entry in self.entries:
+            if entry.service is not None:
+                entry.service.shutdown()
+                entry.service = None
+                entry.state = "unloaded"
+
+
+def _replace_info(info: ModelInfo, **changes: Any) -> ModelInfo:
+    import dataclasses
+
+    return dataclasses.replace(info, **changes)

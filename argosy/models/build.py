@@ -1,0 +1,151 @@
+"""Building a decoder model for serving: its dtype, its weights loaded from the source,
+quantized (a GGUF's own int4 blocks, or int8) and packed for oneDNN; and the one-line
+description of how its weights are held (for /v1/models and the start-up log).
+
+Process-wide torch state is not touched here except the default dtype while the modules are
+built (under a lock, so two models loading at once cannot see each other's)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from argosy.errors import ModelLoadError
+from argosy.models.gguf_quant import INT4_FILE
+from argosy.models.llama import DecoderForCausalLM
+from argosy.models.quantize import apply_int4, apply_int8, apply_int8_head
+from argosy.models.registry import builder_for
+from argosy.models.source import ModelSource
+from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
+from argosy.ops.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear, native_qlinear
+
+log = logging.getLogger("argosy.models")
+
+# torch.set_default_dtype is process-wide: held while a model's modules are built
+_BUILD_LOCK = threading.Lock()
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    if name != "auto":
+        return _DTYPES[name]
+    if device.startswith("cuda"):
+        return torch.bfloat16
+    caps = torch._C._cpu._get_cpu_capability()
+    has_bf16 = bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    return torch.bfloat16 if has_bf16 else torch.float32
+
+
+# int4 weights serve steps of up to this many rows, packed bf16 the rest: torch's int4 kernel
+# slows with every row (4 measured best, bench/engine.py); the native one (AMX) stays ahead
+# of the bf16 GEMM up to 32 (30 layers of SmolLM2's shapes, cold weights, ad-hoc
+# microbenchmark: 8 rows 7.6 vs 18.5 ms, 16 rows 8.7 vs 18.9, 32 rows 15.6 vs 22.7)
+MAX_INT4_ROWS_TORCH = 4
+MAX_INT4_ROWS_NATIVE = 32
+
+
+def max_int4_rows(dtype: torch.dtype) -> int:
+    return MAX_INT4_ROWS_NATIVE if native_qlinear(dtype) else MAX_INT4_ROWS_TORCH
+
+
+def load_model(
+    source: ModelSource,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    quantization: str = "none",
+    pack: bool = False,
+) -> DecoderForCausalLM:
+    """Build and load the model; quantize it; with `pack`, pack float weights for oneDNN
+    (and keep int4 layers' float twins for steps of many rows)."""
+    with _BUILD_LOCK:
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # build the parameters in their final dtype: no fp32 copy
+        try:
+            model = builder_for(source.architecture)(source.hf_config)
+        finally:
+            torch.set_default_dtype(previous)
+    assert isinstance(model, DecoderForCausalLM)
+    files = sorted(Path(source.weights_dir).glob("model*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"no *.safetensors files in {source.weights_dir}")
+
+    def weights():  # type: ignore[no-untyped-def]
+        # one tensor at a time: a whole file in memory at once raised the load's peak RSS
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
+                    yield name, f.get_tensor(name)
+
+    model.load_weights(weights())
+    model = model.to(device=device, dtype=dtype).eval()
+    pack = pack and packing_supported(dtype, device)
+    _quantize(model, source, dtype, device, quantization, max_int4_rows(dtype) if pack else 0)
+    if pack:
+        log.info(
+            "packed %s weights: %d linear layers", str(dtype).removeprefix("torch."), apply_packing(model)
+        )
+    return model
+
+
+def _quantize(
+    model: DecoderForCausalLM,
+    source: ModelSource,
+    dtype: torch.dtype,
+    device: str,
+    mode: str,
+    max_int4_rows: int = 0,
+) -> None:
+    if mode == "none":
+        return
+    if device != "cpu":
+        raise ModelLoadError(f"quantization {mode!r} uses CPU kernels; use --quantization none on {device}")
+    blocks_file = Path(source.weights_dir) / INT4_FILE
+    if mode == "int8":
+        count = apply_int8(model, dtype)
+    elif blocks_file.exists():
+        count = apply_int4(model, load_file(str(blocks_file)), dtype, max_int4_rows)
+        if dtype != torch.float32:  # float32 asks for precision: its head stays exact
+            # the native int8 kernel serves any number of rows (2+; torch's serves one): no
+            # float twin of the head (57 MB of SmolLM2's peak memory)
+            apply_int8_head(model, dtype, 0 if native_qlinear(dtype) else max_int4_rows)
+    elif mode == "int4":
+        raise ModelLoadError("int4 uses a GGUF file's own Q4_0/Q4_1 blocks; this model has none (try int8)")
+    else:
+        return  # auto without 4-bit blocks: keep the float weights
+    log.info("quantization %s: %d projection layers", mode, count)
+
+
+def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
+    """How the projections are held, for /v1/models and the start-up log."""
+    kinds = {type(m) for m in model.modules()}
+    float_kind = str(dtype).removeprefix("torch.") + (" (oneDNN-packed)" if PackedLinear in kinds else "")
+    head = model.lm_head
+    int8_head = isinstance(head, Int8Linear) or (
+        isinstance(head, BatchSwitchLinear) and isinstance(head.small, Int8Linear)
+    )
+    int4 = "int4 (GGUF Q4 blocks)" + (", int8 output head" if int8_head else "")
+    switches = [m for m in model.modules() if isinstance(m, BatchSwitchLinear)]
+    if switches and isinstance(head, Int8Linear):  # the head is int8 at every step
+        return (
+            f"int4 (GGUF Q4 blocks) for steps of <= {switches[0].max_small_rows} rows, {float_kind} above; "
+            "int8 output head"
+        )
+    if switches:
+        return f"{int4} for steps of <= {switches[0].max_small_rows} rows, {float_kind} above"
+    if Int4Linear in kinds:
+        return int4
+    if Int8Linear in kinds:
+        return "int8 (per channel)"
+    return float_kind
+
+
+def model_memory_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the module's parameters and buffers (what torch sees of it)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
