@@ -43,6 +43,7 @@ class RouteCall:
         self.lease = lease
         self.qos = qos
         self.stream: CoreStream | None = None
+        self.is_detached = False  # the stream outlives the HTTP response (a background job)
 
     @property
     def request_id(self) -> str:
@@ -124,7 +125,7 @@ async def run_route(request: Request, route: ModelRoute[Any]) -> Response:
             lease.release()  # no generation holds it (else the stream releases it as it ends)
     if call.stream is None:
         pipeline.emit(ctx, "finished", response.status_code)
-    elif isinstance(response, SSEResponse):
+    elif isinstance(response, SSEResponse) and not call.is_detached:
         # a client gone before the first frame leaves the stream never entered: close it anyway
         response.closers.append(call.stream.close)
     return response

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from argosy.chat.events import Usage
 from argosy.core.session_log import ChoiceLog
 from argosy.sessions.events import MessageAppended, SessionEvent
 from argosy.sessions.sqlite import SqliteSessionStore
@@ -146,13 +147,19 @@ class GenerationRecord:
             except Exception:
                 self._break(f"log {type(event).__name__}")
 
-    def commit(self, unfinished_reason: str) -> concurrent.futures.Future[list[str]] | None:
-        """Queue the output of every choice; the future gives each choice's session id
-        (None when recording broke: nothing is written, the generation was served)."""
+    def commit(
+        self, unfinished_reason: str, usages: Sequence[Usage] | None = None
+    ) -> concurrent.futures.Future[list[str]] | None:
+        """Queue the output of every choice (`usages[i]`: choice i's usage so far, recorded
+        when it never finished); the future gives each choice's session id (None when
+        recording broke: nothing is written, the generation was served)."""
         if self._is_broken:
             return None
         try:
-            self.outputs = [choice_log.events(unfinished_reason) for choice_log in self.logs]
+            self.outputs = [
+                choice_log.events(unfinished_reason, usages[i] if usages is not None else None)
+                for i, choice_log in enumerate(self.logs)
+            ]
             self.committed = self._recorder.submit("record generation", self._write, self.outputs)
         except Exception:
             self._break("commit")

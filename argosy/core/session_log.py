@@ -25,6 +25,7 @@ from argosy.chat.events import (
     ToolCallEnd,
     ToolCallStart,
     ToolParseFailure,
+    Usage,
 )
 from argosy.sessions.events import Finished, SessionEvent, SpanGenerated, ToolParseFailed, ToolUsed
 
@@ -41,6 +42,19 @@ class _Call:
     call_id: str
     name: str
     arguments: str = ""
+
+
+def usage_record(usage: Usage) -> dict[str, Any]:
+    """A generation's usage as a session's Finished event stores it."""
+    record: dict[str, Any] = {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+    }
+    if usage.spec_proposed_tokens is not None:
+        record["spec_proposed_tokens"] = usage.spec_proposed_tokens
+        record["spec_accepted_tokens"] = usage.spec_accepted_tokens or 0
+    return record
 
 
 class ChoiceLog:
@@ -82,19 +96,12 @@ class ChoiceLog:
         elif isinstance(event, ToolParseFailure):
             self._items.append(ToolParseFailed(raw_text=event.text, reason=event.reason))
         elif isinstance(event, Finish):
-            usage = {
-                "prompt_tokens": event.usage.prompt_tokens,
-                "completion_tokens": event.usage.completion_tokens,
-                "cached_tokens": event.usage.cached_tokens,
-            }
-            if event.usage.spec_proposed_tokens is not None:
-                usage["spec_proposed_tokens"] = event.usage.spec_proposed_tokens
-                usage["spec_accepted_tokens"] = event.usage.spec_accepted_tokens or 0
-            self.finish = Finished(reason=event.reason, usage=usage)
+            self.finish = Finished(reason=event.reason, usage=usage_record(event.usage))
 
-    def events(self, unfinished_reason: str = "abort") -> list[SessionEvent]:
+    def events(self, unfinished_reason: str = "abort", usage: Usage | None = None) -> list[SessionEvent]:
         """Everything recorded, ending with a Finished (`unfinished_reason` when the choice
-        never finished: cancelled, failed, timed out before its Finish)."""
+        never finished — cancelled, failed, timed out before its Finish — with `usage`, what
+        it had used by then)."""
         if self._pending_ids:
             spans = [item for item in self._items if isinstance(item, _Span)]
             if not spans:
@@ -105,7 +112,8 @@ class ChoiceLog:
             SpanGenerated(item.channel, item.text, list(item.token_ids)) if isinstance(item, _Span) else item
             for item in self._items
         ]
-        events.append(self.finish or Finished(reason=unfinished_reason))
+        unfinished = Finished(unfinished_reason, usage_record(usage) if usage is not None else {})
+        events.append(self.finish or unfinished)
         return events
 
     def _extend(self, channel: str, text: str) -> None:

@@ -167,7 +167,7 @@ class CoreStream:
         if exc is not None and not isinstance(exc, asyncio.CancelledError | GeneratorExit):
             finish = "error"
         if self.record is not None:
-            self.record.commit("error" if finish == "error" else "abort")
+            self.record.commit("error" if finish == "error" else "abort", [c.usage for c in self.choices])
         line = format_line(self.request.route, self.model_id, self.usage, self.timing, finish)
         access_log.info("%s request_id=%s", line, self.request.request_id)
 

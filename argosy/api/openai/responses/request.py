@@ -98,6 +98,16 @@ class ResponsesRequest(BaseModel):
             raise InvalidRequestError(
                 "text.format json_schema needs a 'schema' object.", "text.format.schema"
             )
+        if self.background and not self.store:
+            raise InvalidRequestError(
+                "background responses must be stored: 'background': true needs 'store': true.", "background"
+            )
+        if "reasoning.encrypted_content" in (self.include or []):
+            raise InvalidRequestError(
+                "'reasoning.encrypted_content' cannot be included: this server does not encrypt reasoning "
+                "(continue a conversation with previous_response_id instead).",
+                "include",
+            )
         effort = (self.reasoning or {}).get("effort")
         if effort is not None and not isinstance(effort, str):
             raise InvalidRequestError("reasoning.effort must be a string.", "reasoning.effort")
@@ -160,7 +170,6 @@ class ResponsesRequest(BaseModel):
         asks = {
             "include": bool(self.include),
             "truncation": self.truncation == "auto",
-            "background": bool(self.background),
             "top_logprobs": bool(self.top_logprobs),
             "max_tool_calls": self.max_tool_calls is not None,
             "prompt": self.prompt is not None,
@@ -191,6 +200,7 @@ class ResponsesRequest(BaseModel):
             "top_p": self.top_p,
             "user": self.user,
             "metadata": self.metadata or {},
+            "background": bool(self.background),
         }
 
 

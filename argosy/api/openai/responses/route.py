@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from argosy.api.errors import openai_error_body
 from argosy.api.framing import SSEResponse, sse_frames
 from argosy.api.openai.common import degraded_headers
+from argosy.api.openai.responses.background import BackgroundJob, BackgroundJobs
 from argosy.api.openai.responses.items import conversation_items, input_events, output_items
 from argosy.api.openai.responses.request import ResponsesRequest, build_turn
 from argosy.api.openai.responses.store import (
@@ -86,6 +87,14 @@ def _in_flight(request: Request) -> set[str]:
         state.responses_in_flight = set()
     flying: set[str] = state.responses_in_flight
     return flying
+
+
+def _jobs(request: Request) -> BackgroundJobs:
+    state = request.app.state
+    if not hasattr(state, "background_responses"):
+        state.background_responses = BackgroundJobs()
+    jobs: BackgroundJobs = state.background_responses
+    return jobs
 
 
 def _recorder(request: Request) -> SessionRecorder:
@@ -156,6 +165,15 @@ class CreateResponseRoute(ModelRoute[ResponsesRequest]):
             degraded.append("store")
         response_id = response_id_of(key)
         flying = _in_flight(request)
+        if body.background:
+            job = BackgroundJob(key, stream)
+            job.run(_stream_events(stream, key, echo, flying))
+            _jobs(request).add(job)
+            call.is_detached = True  # the job, not this request, owns the generation now
+            if body.stream:
+                return SSEResponse(_sse(job.follow(), stream.degraded), headers=degraded_headers(degraded))
+            queued = response_json(response_id, echo, status="queued", output=[], usage=None)
+            return JSONResponse(queued, headers=degraded_headers(degraded))
         if body.stream:
             frames = _sse(_stream_events(stream, key, echo, flying), stream.degraded)
             return SSEResponse(frames, headers=degraded_headers(degraded))
@@ -259,10 +277,48 @@ def _sse(events: AsyncIterator[dict[str, Any]], late_degraded: list[str]) -> Asy
 
 
 @router.get("/v1/responses/{response_id}")
-async def retrieve_response(request: Request, response_id: str) -> JSONResponse:
+async def retrieve_response(request: Request, response_id: str) -> Response:
+    """The stored response; `?stream=true` (a background response) replays its stream events
+    after `starting_after` and follows it live."""
     recorder = _recorder(request)
     stored = await recorder.read(load_response, recorder.store, response_id)
-    return JSONResponse(stored_response_json(stored, is_in_flight=stored.key in _in_flight(request)))
+    job = _jobs(request).get(stored.key)
+    if request.query_params.get("stream", "false").lower() == "true":
+        if job is None:
+            raise InvalidRequestError(
+                "Only a background response can be streamed after it was created, and this server no "
+                "longer holds this one's events; retrieve it without 'stream'.",
+                "stream",
+            )
+        return SSEResponse(_sse(job.follow(_starting_after(request)), []))
+    in_flight = stored.key in _in_flight(request)
+    status = job.status if job is not None and in_flight else "in_progress"
+    return JSONResponse(stored_response_json(stored, is_in_flight=in_flight, status_in_flight=status))
+
+
+def _starting_after(request: Request) -> int | None:
+    value = request.query_params.get("starting_after")
+    if value is None:
+        return None
+    if not value.lstrip("-").isdigit():
+        raise InvalidRequestError(f"starting_after must be an integer, got {value!r}.", "starting_after")
+    return int(value)
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(request: Request, response_id: str) -> JSONResponse:
+    """Cancel a background response: its generation stops, what it produced is kept (status
+    `cancelled`). Cancelling one that already ended returns it as it is."""
+    recorder = _recorder(request)
+    stored = await recorder.read(load_response, recorder.store, response_id)
+    if not stored.metadata.get("response", {}).get("background"):
+        raise InvalidRequestError("Only responses created with 'background': true can be cancelled.", None)
+    job = _jobs(request).get(stored.key)
+    if job is not None and not job.is_done:
+        await job.cancel()
+        stored = await recorder.read(load_response, recorder.store, response_id)
+    in_flight = stored.key in _in_flight(request)
+    return JSONResponse(stored_response_json(stored, is_in_flight=in_flight))
 
 
 @router.delete("/v1/responses/{response_id}")

@@ -144,7 +144,7 @@ def response_json(
         "usage": usage,
         "user": echo.get("user"),
         "metadata": echo.get("metadata") or {},
-        "background": False,
+        "background": bool(echo.get("background", False)),
     }
 
 
@@ -162,15 +162,17 @@ def finished_response_json(
     return response_json(response_id, echo, status=status, output=output, usage=usage, error=error)
 
 
-def stored_response_json(stored: StoredResponse, *, is_in_flight: bool) -> dict[str, Any]:
+def stored_response_json(
+    stored: StoredResponse, *, is_in_flight: bool, status_in_flight: str = "in_progress"
+) -> dict[str, Any]:
     response_id = response_id_of(stored.key)
     echo = stored.metadata.get("response", {})
     events = stored.output_events
     output = output_items(events, stored.key) if events else []
     if stored.finish is not None:
         return finished_response_json(response_id, echo, events, output)
-    if is_in_flight:
-        return response_json(response_id, echo, status="in_progress", output=output, usage=None)
+    if is_in_flight:  # in_progress, or queued (a background response not yet started)
+        return response_json(response_id, echo, status=status_in_flight, output=output, usage=None)
     error = {
         "code": "server_error",
         "message": "The server stopped while this response was generated; it ends at its last committed event.",
