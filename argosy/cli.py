@@ -13,13 +13,12 @@ that fails to load stops the server with exit status 1.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import logging
 import re
 import sys
 import typing
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -279,20 +278,19 @@ def _print_config(engine_config: EngineConfig, server_config: ServerConfig) -> N
 SWITCH_INTERVAL_S = 0.0005
 
 
-IDLE_SWEEP_S = 5.0
+MAINTAIN_EVERY_S = 1.0  # how often dead engines are restarted and idle models unloaded
 
 
 def serve(
     engine_config: EngineConfig, server_config: ServerConfig, specs: list[ModelSpec] | None = None
 ) -> int:
-    import asyncio
 
     import uvicorn
 
     from argosy.api.app import build_app
     from argosy.core.local import LocalModelLoader
     from argosy.core.recording import open_recorder
-    from argosy.core.registry import ModelRegistry
+    from argosy.core.registry import ModelRegistry, registry_lifespan
     from argosy.process import configure_process
 
     specs = specs or [ModelSpec(id=engine_config.model, source=engine_config.model)]
@@ -343,22 +341,7 @@ def serve(
 
     registry.on_load_failed = on_load_failed
 
-    async def sweep() -> None:
-        while True:
-            await asyncio.sleep(IDLE_SWEEP_S)
-            try:
-                await registry.sweep_idle()
-            except Exception:
-                log.exception("idle sweep failed")
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: Any) -> AsyncIterator[None]:
-        tasks = [asyncio.create_task(registry.preload()), asyncio.create_task(sweep())]
-        yield
-        for task in tasks:
-            task.cancel()
-
-    app.router.lifespan_context = lifespan
+    app.router.lifespan_context = registry_lifespan(registry, preloaded, MAINTAIN_EVERY_S)
     try:
         server.run()
     finally:

@@ -22,9 +22,10 @@ thread: the registry only orders it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -212,6 +213,8 @@ class ModelRegistry:
         """A lease on `entry`'s loaded model, loading it first if need be (bounded wait)."""
         deadline = time.monotonic() + self.load_timeout_s
         while True:
+            if entry.state == "loaded" and not entry.service.is_alive:
+                await self._discard_dead(entry)  # its engine stopped: load it afresh
             if entry.state == "loaded":
                 return Lease(self, entry)
             if entry.state == "unloading":
@@ -323,6 +326,30 @@ class ModelRegistry:
         entry.unloaded.set()
         log.info("model %r unloaded", entry.spec.id)
 
+    async def _discard_dead(self, entry: ModelEntry) -> None:
+        """A loaded model whose engine stopped: its requests have had their error; shut it
+        down and mark it unloaded, so the next request loads it again."""
+        if entry.state != "loaded" or entry.service is None or entry.service.is_alive:
+            return
+        log.error("model %r: its engine stopped; unloading it (the next request reloads it)", entry.spec.id)
+        service, entry.service = entry.service, None
+        entry.state = "unloaded"
+        entry.unloaded.set()
+        entry.idle.set()
+        await asyncio.to_thread(service.shutdown)
+
+    async def restart_dead(self, preloaded: list[str]) -> list[str]:
+        """Discard every loaded model whose engine stopped, and load the `preloaded` ones
+        among them again at once (the others reload on their next request)."""
+        restarted = []
+        for entry in self.entries:
+            if entry.state == "loaded" and not entry.service.is_alive:
+                await self._discard_dead(entry)
+                if entry.spec.id in preloaded:
+                    self._start_load(entry)
+                restarted.append(entry.spec.id)
+        return restarted
+
     async def sweep_idle(self, now: float | None = None) -> list[str]:
         """Unload models idle past their keep-alive; the ids unloaded."""
         now = time.monotonic() if now is None else now
@@ -350,6 +377,37 @@ class ModelRegistry:
                 entry.service.shutdown()
                 entry.service = None
                 entry.state = "unloaded"
+
+
+async def maintain(registry: ModelRegistry, preloaded: list[str], every_s: float) -> None:
+    """Forever: restart models whose engine died, unload the idle ones past keep-alive."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await registry.restart_dead(preloaded)
+            await registry.sweep_idle()
+        except Exception:
+            log.exception("registry maintenance failed")
+
+
+def registry_lifespan(
+    registry: ModelRegistry, preloaded: list[str], maintain_every_s: float | None
+) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
+    """The server's lifespan: load the start-up models, keep the registry maintained
+    (`maintain_every_s` None: no maintenance task), stop both at shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        tasks = [asyncio.create_task(registry.preload())]
+        if maintain_every_s is not None:
+            tasks.append(asyncio.create_task(maintain(registry, preloaded, maintain_every_s)))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    return lifespan
 
 
 def _replace_info(info: ModelInfo, **changes: Any) -> ModelInfo:

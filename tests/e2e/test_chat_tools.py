@@ -382,7 +382,7 @@ BAD_REQUESTS: list[tuple[dict[str, Any], str, str]] = [
                 },
             ]
         },
-        "messages[2].content",
+        "messages[2].content[0]",
         "does not accept images",
     ),
     (
@@ -394,7 +394,7 @@ BAD_REQUESTS: list[tuple[dict[str, Any], str, str]] = [
                 }
             ]
         },
-        "messages[0].content",
+        "messages[0].content[0]",
         "does not accept audio",
     ),
 ]

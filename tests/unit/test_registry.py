@@ -226,3 +226,23 @@ def test_a_failed_load_fails_its_requests_and_is_retried() -> None:
 
     asyncio.run(main())
     assert attempts == ["a", "a"]
+
+
+def test_a_dead_engine_is_discarded_and_reloaded() -> None:
+    loads = Loads()
+
+    async def main() -> None:
+        reg = registry(loads, ModelSpec("a", "a"), ModelSpec("b", "b"))
+        a, b = reg.resolve("a"), reg.resolve("b")
+        (await reg.acquire(a)).release()
+        (await reg.acquire(b)).release()
+        a.service.is_alive = False  # its engine thread died
+        b.service.is_alive = False
+        assert await reg.restart_dead(preloaded=["a"]) == ["a", "b"]
+        assert a.state == "loading" and b.state == "unloaded"  # a (preloaded) reloads at once
+        (await reg.acquire(a)).release()
+        (await reg.acquire(b)).release()  # b reloads on its next request
+        assert a.service.is_alive and b.service.is_alive
+
+    asyncio.run(main())
+    assert loads.log == ["load a", "load b", "unload a", "unload b", "load a", "load b"]
