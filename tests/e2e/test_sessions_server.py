@@ -258,6 +258,8 @@ def test_responses_refusals(http: httpx.Client) -> None:
         ({"input": "Hi", "tool_choice": "required"}, "tool_choice"),
         ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+        ({"input": "Hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+        ({"input": "Hi", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         ({"input": "Hi", "priority": "urgent"}, "priority"),
     ]
     for body, param in cases:

@@ -172,5 +172,6 @@ def test_chat_logprobs_shape() -> None:
                     {"token": "e", "logprob": -1.5, "bytes": [0x65]},
                 ],
             }
-        ]
+        ],
+        "refusal": None,  # required by OpenAI's spec
     }

@@ -172,12 +172,14 @@ def _candidate_json(candidate: TokenCandidate) -> dict[str, Any]:
 
 
 def logprobs_json(entries: list[TokenLogprobs]) -> dict[str, Any]:
-    """OpenAI chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
+    """OpenAI chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...],
+    "refusal": null} (the spec requires both keys; no model here refuses as a channel)."""
     return {
         "content": [
             {**_candidate_json(e.chosen), "top_logprobs": [_candidate_json(c) for c in e.top]}
             for e in entries
-        ]
+        ],
+        "refusal": None,
     }
 
 
@@ -259,7 +261,8 @@ def _delta_json(event: Event) -> dict[str, Any] | None:
 
 def _message_json(result: CollectedChoice) -> dict[str, Any]:
     parsed = result.channels.result()
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    # `refusal` is required by the spec (null: no refusal channel exists here)
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "refusal": None}
     if parsed.reasoning:
         message["reasoning_content"] = parsed.reasoning
     if parsed.tool_calls:

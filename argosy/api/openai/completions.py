@@ -154,10 +154,10 @@ async def _stream_chunks(
             "model": model_id,
             "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
         }
+        # With include_usage, earlier chunks carry no `usage` key: unlike the chat chunk's, the
+        # spec's completion object (chunks share its shape) has a `usage` that is never null.
         if body.continuous_usage:
             payload["usage"] = usage_json(stream.usage)
-        elif body.include_usage:
-            payload["usage"] = None
         return payload
 
     async with stream:

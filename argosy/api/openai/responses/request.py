@@ -39,6 +39,10 @@ _FORMATS = ("text", "json_object", "json_schema")
 _CONTINUED_FROM = ("continued", "extended")
 
 
+# OpenAI's ReasoningEffort values (passed to a template that reads `reasoning_effort`)
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -98,6 +102,8 @@ class ResponsesRequest(BaseModel):
             raise InvalidRequestError(
                 "text.format json_schema needs a 'schema' object.", "text.format.schema"
             )
+        if form["type"] == "json_schema" and not isinstance(form.get("name"), str):
+            raise InvalidRequestError("text.format json_schema needs a 'name' string.", "text.format.name")
         if self.background and not self.store:
             raise InvalidRequestError(
                 "background responses must be stored: 'background': true needs 'store': true.", "background"
@@ -109,8 +115,11 @@ class ResponsesRequest(BaseModel):
                 "include",
             )
         effort = (self.reasoning or {}).get("effort")
-        if effort is not None and not isinstance(effort, str):
-            raise InvalidRequestError("reasoning.effort must be a string.", "reasoning.effort")
+        if effort is not None and effort not in REASONING_EFFORTS:
+            raise InvalidRequestError(
+                f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}.",
+                "reasoning.effort",
+            )
         check_chat_options(self.tool_definitions(), self.neutral_tool_choice(), self.output_format())
 
     @property

@@ -91,7 +91,12 @@ def usage_json(usage: dict[str, Any], reasoning_tokens: int) -> dict[str, Any]:
     completion_tokens = int(usage.get("completion_tokens", 0))
     body: dict[str, Any] = {
         "input_tokens": prompt_tokens,
-        "input_tokens_details": {"cached_tokens": int(usage.get("cached_tokens", 0))},
+        # cache_write_tokens (required by the spec) counts writes a client asks for; here the
+        # prefix cache fills itself, so there are none to report
+        "input_tokens_details": {
+            "cached_tokens": int(usage.get("cached_tokens", 0)),
+            "cache_write_tokens": 0,
+        },
         "output_tokens": completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": prompt_tokens + completion_tokens,
@@ -117,9 +122,11 @@ def response_json(
     usage: dict[str, Any] | None,
     error: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The Response object; `echo` holds the request fields it repeats (see the module doc)."""
+    """The Response object; `echo` holds the request fields it repeats (see the module doc).
+    `usage` (none until it finishes) and `user` (none asked) are left out when absent: the spec
+    makes neither nullable nor required."""
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-    return {
+    body: dict[str, Any] = {
         "id": response_id,
         "object": "response",
         "created_at": echo.get("created_at", int(time.time())),
@@ -138,14 +145,26 @@ def response_json(
         "temperature": echo.get("temperature"),
         "text": echo.get("text", {"format": {"type": "text"}}),
         "tool_choice": echo.get("tool_choice", "auto"),
-        "tools": echo.get("tools", []),
+        "tools": [tool_json(tool) for tool in echo.get("tools", [])],
         "top_p": echo.get("top_p"),
         "truncation": "disabled",
-        "usage": usage,
-        "user": echo.get("user"),
         "metadata": echo.get("metadata") or {},
         "background": bool(echo.get("background", False)),
     }
+    if usage is not None:
+        body["usage"] = usage
+    if echo.get("user") is not None:
+        body["user"] = echo["user"]
+    return body
+
+
+def tool_json(tool: dict[str, Any]) -> dict[str, Any]:
+    """A request's tool as the response repeats it. A function tool states the `parameters`
+    and `strict` it ran with (the spec requires both): no parameters is null, and `strict` is
+    true only when asked (request.tool_definitions reads it so)."""
+    if tool.get("type") != "function":
+        return tool
+    return {**tool, "parameters": tool.get("parameters"), "strict": tool.get("strict") is True}
 
 
 def finished_response_json(
