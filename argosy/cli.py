@@ -42,6 +42,7 @@ _HELP = {
     "max_loaded_memory": "bytes of loaded models (weights + KV pool) before the least recently used is unloaded",
     "max_concurrent_loads": "model loads running at once",
     "model_load_timeout": "seconds a request waits for its model to load, then 503 + Retry-After",
+    "max_stream_buffer": "engine outputs a streaming client may leave unread before its generation is stopped (slow_reader)",
     "keep_alive": "unload a model idle this long (suffixes as for --session-ttl); default: never",
     "dtype": "auto | bfloat16 | float32 | float16 (auto: bf16 where the CPU has it)",
     "quantization": "weight-only: none | int4 (a GGUF's own Q4_0/Q4_1 blocks) | int8 | auto (int4 where the file has them)",

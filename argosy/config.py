@@ -202,6 +202,9 @@ class ServerConfig:
     # Admission (SPEC §6)
     max_queued_requests: int = 256  # requests waiting to start, beyond which a 503 answers
     request_timeout: float = 600.0  # wall-clock seconds per generation, then finish "length"
+    # engine outputs (about a token each) a streaming client may leave unread before its
+    # generation is stopped ("length", x-argosy-degraded: slow_reader): bounds its memory
+    max_stream_buffer: int = 4096
     # Model registry (argosy/core/registry.py)
     max_loaded_models: int | None = None  # None: no limit; past it the least recently used goes
     max_loaded_memory: int | None = None  # bytes of loaded models (weights + KV) before LRU unloads
@@ -227,6 +230,8 @@ class ServerConfig:
             raise InvalidRequestError("max_queued_requests must be at least 0", "max_queued_requests")
         if self.request_timeout <= 0:
             raise InvalidRequestError("request_timeout must be positive", "request_timeout")
+        if self.max_stream_buffer < 1:
+            raise InvalidRequestError("max_stream_buffer must be at least 1", "max_stream_buffer")
         if self.max_loaded_models is not None and self.max_loaded_models < 1:
             raise InvalidRequestError("max_loaded_models must be at least 1", "max_loaded_models")
         if self.max_loaded_memory is not None and self.max_loaded_memory < 1:

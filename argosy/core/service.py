@@ -81,6 +81,7 @@ class ServiceOptions:
     speculative: str = "none"
     max_queued_requests: int = 256
     request_timeout: float | None = 600.0
+    max_stream_buffer: int | None = 4096  # engine outputs a slow reader may leave unread
 
     @classmethod
     def of(cls, spec: ModelSpec, server: ServerConfig, speculative: str) -> ServiceOptions:
@@ -89,6 +90,7 @@ class ServiceOptions:
             speculative=speculative,
             max_queued_requests=server.max_queued_requests,
             request_timeout=server.request_timeout,
+            max_stream_buffer=server.max_stream_buffer,
         )
 
 
@@ -305,6 +307,7 @@ class ModelService:
             ticket=ticket,
             record=record,
             timeout_s=self.options.request_timeout,
+            max_buffered=self.options.max_stream_buffer,
         )
         if self.on_start is not None:
             stream.on_close.append(self.on_start())

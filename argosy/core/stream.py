@@ -90,6 +90,8 @@ class CoreStream:
     once whatever n is, completion tokens over all choices.
 
     Admission: the stream holds its `ticket` until its first engine output (or its end).
+    Slow readers: past `max_buffered` outputs waiting unread, a choice's engine request is
+    stopped and it finishes "length" once the reader reaches the cut (`slow_reader`).
     Time limit: past `timeout_s` from arrival the engine requests are stopped and every
     unfinished choice finishes "length"; `degraded` then names "request_timeout" (dialects
     put it in x-argosy-degraded, or in a stream's trailing comment). Sessions: `record` sees
@@ -107,6 +109,7 @@ class CoreStream:
         ticket: Ticket | None = None,
         record: GenerationRecord | None = None,
         timeout_s: float | None = None,
+        max_buffered: int | None = None,
     ) -> None:
         self.request = request
         self.record = record
@@ -122,6 +125,7 @@ class CoreStream:
         self._tasks: list[asyncio.Task[None]] = []
         self._is_started = False
         self.on_close: list[Callable[[], None]] = []  # called once as the stream ends
+        self._max_buffered = max_buffered  # engine outputs waiting unread, then the cut
 
     @property
     def usage(self) -> Usage:
@@ -249,6 +253,32 @@ class CoreStream:
             events.extend(choice.on_output(last))
         return events
 
+    def _is_over_buffer(self) -> bool:
+        return self._max_buffered is not None and self._queue.qsize() >= self._max_buffered
+
+    def _cut_slow_reader(self, choice: ChoiceState, last: RequestOutput) -> None:
+        """The client reads slower than the engine writes and `max_buffered` outputs wait
+        unread: stop this choice's engine request and finish it "length" after what is
+        buffered (named `slow_reader` in the degraded fields), so one slow client holds
+        neither memory nor engine time."""
+        log.warning(
+            "%s: the client reads too slowly; stopping choice %d", self.request.request_id, choice.index
+        )
+        if "slow_reader" not in self.degraded:
+            self.degraded.append("slow_reader")
+        cut = RequestOutput(
+            request_id=last.request_id,
+            new_token_ids=[],
+            num_prompt_tokens=last.num_prompt_tokens,
+            num_cached_tokens=last.num_cached_tokens,
+            num_output_tokens=last.num_output_tokens,
+            finished=True,
+            finish_reason="length",
+            num_spec_proposed=last.num_spec_proposed,
+            num_spec_accepted=last.num_spec_accepted,
+        )
+        self._queue.put_nowait((choice.index, cut))
+
     def _observe(self, event: Event) -> None:
         if self.record is not None:
             self.record.add(event)
@@ -265,6 +295,9 @@ class CoreStream:
         try:
             async for out in outputs:
                 self._queue.put_nowait((choice.index, out))
+                if not out.finished and self._is_over_buffer():
+                    self._cut_slow_reader(choice, out)
+                    return  # leaving closes the engine generator: the request is aborted
         except asyncio.CancelledError:
             raise
         except BaseException as exc:

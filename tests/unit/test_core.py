@@ -117,3 +117,30 @@ def test_leaving_the_stream_aborts_the_engine_requests(core: ModelService) -> No
     stats = engine.stats()
     assert stats.num_running == stats.num_waiting == 0
     assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def test_a_slow_reader_is_cut_after_its_buffer_and_the_engine_request_stops(tiny) -> None:  # type: ignore[no-untyped-def]
+    engine = AsyncEngine(tiny.engine(max_model_len=128))
+    core = ModelService("tiny", engine, ServiceOptions(max_stream_buffer=4))
+    try:
+        sampling = RequestSampling(max_tokens=60, temperature=0.0, ignore_eos=True)
+        stream = core.start(CoreRequest(prompts=[PROMPT], sampling=sampling))
+
+        async def read_late() -> list[object]:
+            async with stream:
+                deadline = time.monotonic() + 10
+                while stream._queue.qsize() < 5 and time.monotonic() < deadline:  # the reader sleeps
+                    await asyncio.sleep(0.01)
+                return [event async for event in stream]
+
+        events = asyncio.run(read_late())
+        finish = events[-1]
+        assert isinstance(finish, Finish) and finish.reason == "length"
+        assert stream.degraded == ["slow_reader"]
+        assert 4 <= stream.usage.completion_tokens < 60  # what was buffered, not the whole budget
+        deadline = time.monotonic() + 5.0
+        while engine.num_in_flight() or engine.engine.has_unfinished():
+            assert time.monotonic() < deadline, "the engine still runs the slow reader's request"
+            time.sleep(0.01)
+    finally:
+        engine.shutdown()
