@@ -22,7 +22,9 @@ call with no tools, json_schema without a schema, duplicate tool names.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from argosy.chat.families import CallSyntax
 from argosy.chat.messages import ChatInput, OutputFormat, ToolChoice, ToolDefinition
@@ -42,10 +44,53 @@ class ChatConstraints:
     degraded: list[str] = field(default_factory=list)
 
 
+# Bounds on what a request may ask the grammar compiler and the prompt to carry: past them a
+# 400 names the field (a huge or deeply nested schema would otherwise cost seconds of compile
+# time or a recursion error, and a thousand tools would not fit any context anyway).
+MAX_TOOLS = 128
+MAX_SCHEMA_BYTES = 64 * 1024  # one schema, as compact JSON
+MAX_SCHEMA_DEPTH = 32  # nested objects and arrays
+
+
+def check_schema_size(schema: Any, param: str) -> None:
+    """A 400 naming `param` for a schema past MAX_SCHEMA_BYTES or MAX_SCHEMA_DEPTH."""
+    if schema is None:
+        return
+    depth = _depth(schema, 0)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise InvalidRequestError(
+            f"The schema is nested {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are allowed.", param
+        )
+    try:
+        size = len(json.dumps(schema, separators=(",", ":")))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"The schema is not JSON: {exc}.", param) from exc
+    if size > MAX_SCHEMA_BYTES:
+        raise InvalidRequestError(
+            f"The schema is {size} bytes as JSON; at most {MAX_SCHEMA_BYTES} are allowed.", param
+        )
+
+
+def _depth(value: Any, level: int) -> int:
+    if level > MAX_SCHEMA_DEPTH:  # deep enough to refuse; stop before the recursion limit
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level + 1)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level + 1)
+    return level
+
+
 def check_chat_options(
     tools: list[ToolDefinition], tool_choice: ToolChoice, output_format: OutputFormat | None
 ) -> None:
     """The refusals that need no model (run before a model is resolved)."""
+    if len(tools) > MAX_TOOLS:
+        raise InvalidRequestError(f"At most {MAX_TOOLS} tools are allowed, got {len(tools)}.", "tools")
+    for position, tool in enumerate(tools):
+        check_schema_size(tool.parameters, f"tools[{position}]")
+    if output_format is not None:
+        check_schema_size(output_format.schema, "response_format")
     names = [tool.name for tool in tools]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pydantic
 import pytest
 
 from argosy.api.errors import (
@@ -280,3 +281,64 @@ def test_every_kind_raised_in_argosy_is_in_the_table() -> None:
         EngineDeadError,
     ):
         assert cls.kind in ERROR_TABLE
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, "tools"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "deep", "parameters": _nested(40)}}]},
+            "tools[0]",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "big",
+                            "parameters": {"type": "object", "description": "x" * 70_000},
+                        },
+                    }
+                ]
+            },
+            "tools[0]",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": _nested(40)}}},
+            "response_format",
+        ),
+        ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
+        ({"stop": [str(i) for i in range(17)]}, "stop"),
+    ],
+)
+def test_limits_are_400s_naming_the_field(fields: dict[str, Any], param: str) -> None:
+    """Bombs: too many tools, a schema too deep (even past Python's recursion limit) or too
+    big, too many logit_bias entries or stop strings — each a 400 naming the field."""
+    raw = json.dumps({"model": "m", "messages": USER, **fields})
+    try:
+        body = ChatCompletionRequest.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        error = from_validation_error(exc)
+    else:
+        with pytest.raises(InvalidRequestError) as caught:
+            body.check()
+        error = caught.value
+    assert error.param == param and status_of(error) == 400
+
+
+def test_json_nested_past_the_parsers_limit_is_a_400() -> None:
+    depth = 5000
+    schema = '{"type":"object","properties":{"a":' * depth + '{"type":"string"}' + "}}" * depth
+    raw = '{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function",'
+    raw += '"function":{"name":"deep","parameters":' + schema + "}}]}"
+    error = chat_error(raw)
+    assert status_of(error) == 400 and "could not parse the JSON body" in error.message

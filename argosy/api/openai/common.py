@@ -21,6 +21,7 @@ from argosy.sampling_params import RequestSampling
 DEGRADED_HEADER = "x-argosy-degraded"
 MAX_N = 16
 MAX_STOP_STRINGS = 16
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
 
 
@@ -41,6 +42,8 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
         return None
     if not isinstance(value, dict):
         raise ValueError("logit_bias must be an object mapping token ids to a bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ValueError(f"at most {MAX_LOGIT_BIAS} logit_bias entries are allowed, got {len(value)}")
     bias: dict[int, float] = {}
     for key, number in value.items():
         try:
