@@ -272,7 +272,15 @@ class LLMEngine:
     def _check_stop(self, seq: Sequence, token_id: int) -> None:
         params = seq.params
         if seq.guide is not None and not seq.guide.accept_token(token_id):
-            log.warning("grammar rejected token %d for %s", token_id, seq.request_id)
+            # the mask allowed the sampled token unless it allowed none at all: the grammar
+            # has no continuation here. This request fails alone; the token is not output.
+            log.warning("grammar rejected token %d for %s: failing it", token_id, seq.request_id)
+            seq.output_token_ids.pop()
+            if len(seq.output_logprobs) > len(seq.output_token_ids):
+                seq.output_logprobs.pop()
+            seq.error = f"The output grammar allows no token after {seq.num_output_tokens} generated tokens."
+            self.scheduler.finish(seq, "error")
+            return
         if token_id in params.stop_token_ids:
             self.scheduler.finish(seq, "stop", token_id)
         elif (
@@ -308,6 +316,7 @@ class LLMEngine:
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,
+            error=seq.error,
             num_spec_proposed=seq.num_spec_proposed if self.proposer is not None else None,
             num_spec_accepted=seq.num_spec_accepted if self.proposer is not None else None,
         )

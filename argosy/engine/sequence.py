@@ -47,6 +47,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    error: str | None = None  # why it finished "error"
     num_preemptions: int = 0
     arrival: int = field(default_factory=lambda: next(_arrival_counter))
     # offsets into outputs already reported (the engine emits deltas)
