@@ -228,6 +228,14 @@ class LLMEngine:
         outputs = []
         for req in out.scheduled:
             seq = req.seq
+            failure = result.failed.get(seq.request_id)
+            if failure is not None:  # its logits went NaN/inf: it fails alone
+                seq.error = failure
+                self.scheduler.finish(seq, "error")
+                outputs.append(self._output(seq))
+                self.sequences.pop(seq.request_id, None)
+                self.runner.release(seq.request_id)
+                continue
             verified = result.verified.get(seq.request_id)
             if verified is not None:
                 self._append_verified(seq, req.num_spec_tokens, verified)

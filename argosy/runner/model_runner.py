@@ -29,6 +29,15 @@ class StepResult:
     sampled: dict[str, tuple[int, TokenLogprob | None]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
     verified: dict[str, Verified] = field(default_factory=dict)  # requests that carried a draft
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> why (its logits are not finite)
+
+
+NON_FINITE = "The model's output for this request is not a number (NaN or inf); it was stopped."
+
+
+def _non_finite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """[rows] bool: a row with a NaN or +inf logit (-inf is a masked token, not a fault)."""
+    return torch.isnan(logits).any(dim=-1) | torch.isposinf(logits).any(dim=-1)
 
 
 def _compiled_decode_fits(req: ScheduledRequest) -> bool:
@@ -137,16 +146,34 @@ class ModelRunner:
         sampling = [(i, r) for i, r in enumerate(batch) if r.is_sampling and not r.num_spec_tokens]
         if sampling:
             logits = logits_at([offsets[i] + r.num_new_tokens - 1 for i, r in sampling])
+            is_bad = _non_finite_rows(logits)
+            if is_bad.any():  # a row gone NaN/inf fails its request alone; the others sample
+                keep = [j for j, bad in enumerate(is_bad.tolist()) if not bad]
+                for j in set(range(len(sampling))) - set(keep):
+                    result.failed[sampling[j][1].seq.request_id] = NON_FINITE
+                sampling, logits = [sampling[j] for j in keep], logits[keep]
             rows = [self._sampling_row(r.seq) for _, r in sampling]
-            for (_, req), sampled in zip(sampling, self.sampler(logits, rows), strict=True):
+            for (_, req), sampled in zip(sampling, self.sampler(logits, rows) if rows else [], strict=True):
                 result.sampled[req.seq.request_id] = sampled
         drafted = [(i, r) for i, r in enumerate(batch) if r.num_spec_tokens]
         if drafted:
-            logits = logits_at([offsets[i] + j for i, r in drafted for j in range(r.num_new_tokens)])
-            requests = [(r.seq, r.seq.spec_token_ids) for _, r in drafted]
-            verified = verify_batch(self.sampler, logits, requests, self._sampling_row)
-            for (_, req), outcome in zip(drafted, verified, strict=True):
-                result.verified[req.seq.request_id] = outcome
+            spans = [[offsets[i] + j for j in range(r.num_new_tokens)] for i, r in drafted]
+            logits = logits_at([row for span in spans for row in span])
+            is_bad_row = _non_finite_rows(logits).tolist()
+            starts = [sum(len(span) for span in spans[:k]) for k in range(len(spans))]
+            bad = {k for k, span in enumerate(spans) if any(is_bad_row[starts[k] : starts[k] + len(span)])}
+            for k in bad:
+                result.failed[drafted[k][1].seq.request_id] = NON_FINITE
+            kept_rows = [
+                starts[k] + j for k, span in enumerate(spans) if k not in bad for j in range(len(span))
+            ]
+            drafted = [d for k, d in enumerate(drafted) if k not in bad]
+            logits = logits[kept_rows] if bad else logits
+            if drafted:
+                requests = [(r.seq, r.seq.spec_token_ids) for _, r in drafted]
+                verified = verify_batch(self.sampler, logits, requests, self._sampling_row)
+                for (_, req), outcome in zip(drafted, verified, strict=True):
+                    result.verified[req.seq.request_id] = outcome
 
     def _execute_compiled(self, batch: list[ScheduledRequest], compiled: CompiledDecoder) -> StepResult:
         """Decode rows only: one per decoding sequence, or one per token of a draft (each row
