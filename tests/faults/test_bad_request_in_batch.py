@@ -4,26 +4,30 @@ finish with exactly the tokens they get without it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from argosy.engine.llm_engine import LLMEngine
 from argosy.sampling_params import SamplingParams
 from tests.unit.conftest import FakeGuide, TinyModel
 
 PROMPTS = {"a": [5, 17, 42, 8, 99], "c": [3, 250, 11, 7, 64, 21]}
+BAD_PROMPT = [9, 9, 9, 9]
 
 
 def greedy(max_tokens: int = 8) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def test_a_grammar_that_allows_nothing_fails_only_its_request(tiny_llama: TinyModel) -> None:
-    engine = tiny_llama.engine()
-    requests = {rid: (p, greedy(), None) for rid, p in PROMPTS.items()}
-    requests["bad"] = ([9, 9, 9, 9], greedy(), FakeGuide(allowed=set()))
-    tokens = {rid: [] for rid in requests}  # type: ignore[var-annotated]
-    finishes = {}
-    for rid, (prompt, params, guide) in requests.items():
-        engine.add_request(rid, prompt, params, guide=guide)
+def run(engine: LLMEngine, guides: dict[str, Any]) -> tuple[dict[str, list[int]], dict[str, tuple[Any, Any]]]:
+    """Run PROMPTS (plus BAD_PROMPT as request "bad" when `guides` has that key) to the end:
+    (tokens, (finish_reason, error)) by request id."""
+    prompts = {**PROMPTS, "bad": BAD_PROMPT} if "bad" in guides else dict(PROMPTS)
+    for request_id, prompt in prompts.items():
+        engine.add_request(request_id, prompt, greedy(), guide=guides.get(request_id))
+    tokens: dict[str, list[int]] = {request_id: [] for request_id in prompts}
+    finishes: dict[str, tuple[Any, Any]] = {}
     for _ in range(200):
         for out in engine.step():
             tokens[out.request_id].extend(out.new_token_ids)
@@ -31,26 +35,29 @@ def test_a_grammar_that_allows_nothing_fails_only_its_request(tiny_llama: TinyMo
                 finishes[out.request_id] = (out.finish_reason, out.error)
         if not engine.has_unfinished():
             break
-    alone = tiny_llama.engine()
-    expected = {rid: [] for rid in PROMPTS}  # type: ignore[var-annotated]
-    for rid, prompt in PROMPTS.items():
-        alone.add_request(rid, prompt, greedy())
-    while alone.has_unfinished():
-        for out in alone.step():
-            expected[out.request_id].extend(out.new_token_ids)
-    assert finishes["bad"][0] == "error" and finishes["bad"][1]
-    for rid in PROMPTS:
-        assert finishes[rid] == ("length", None)
-        assert tokens[rid] == expected[rid]
+    return tokens, finishes
+
+
+def assert_the_others_kept_their_tokens(
+    tiny: TinyModel, tokens: dict[str, list[int]], finishes: dict
+) -> None:  # type: ignore[type-arg]
+    solo, _ = run(tiny.engine(), {})
+    for request_id in PROMPTS:
+        assert finishes[request_id] == ("length", None) and tokens[request_id] == solo[request_id]
+
+
+def test_a_grammar_that_allows_nothing_fails_only_its_request(tiny_llama: TinyModel) -> None:
+    tokens, finishes = run(tiny_llama.engine(), {"bad": FakeGuide(allowed=set())})
+    assert finishes["bad"][0] == "error" and "grammar allows no token" in finishes["bad"][1]
+    assert tokens["bad"] == []
+    assert_the_others_kept_their_tokens(tiny_llama, tokens, finishes)
 
 
 def test_nan_logits_in_one_row_fail_only_that_request(tiny_llama: TinyModel) -> None:
-    """The model's output for one request turns NaN at its third token (a numeric fault):
-    that request ends with an error; the others in the same steps keep their tokens."""
+    """The model's output for one request turns NaN at its third token (a numeric fault)."""
     engine = tiny_llama.engine()
-    runner = engine.runner
-    sample_and_verify = runner._sample_and_verify
-    calls = {"bad": 0}
+    sample_and_verify = engine.runner._sample_and_verify
+    num_bad_rows = [0]
 
     def poisoned(batch, offsets, logits_at, result):  # type: ignore[no-untyped-def]
         rows = {offsets[i] + r.num_new_tokens - 1 for i, r in enumerate(batch) if r.seq.request_id == "bad"}
@@ -59,33 +66,15 @@ def test_nan_logits_in_one_row_fail_only_that_request(tiny_llama: TinyModel) -> 
             logits = logits_at(wanted)
             for j, row in enumerate(wanted):
                 if row in rows:
-                    calls["bad"] += 1
-                    if calls["bad"] >= 3:
+                    num_bad_rows[0] += 1
+                    if num_bad_rows[0] >= 3:
                         logits[j] = float("nan")
             return logits
 
         return sample_and_verify(batch, offsets, at, result)
 
-    runner._sample_and_verify = poisoned  # type: ignore[method-assign]
-    tokens: dict[str, list[int]] = {rid: [] for rid in [*PROMPTS, "bad"]}
-    finishes = {}
-    for rid, prompt in {**PROMPTS, "bad": [9, 9, 9, 9]}.items():
-        engine.add_request(rid, prompt, greedy())
-    for _ in range(200):
-        for out in engine.step():
-            tokens[out.request_id].extend(out.new_token_ids)
-            if out.finished:
-                finishes[out.request_id] = (out.finish_reason, out.error)
-        if not engine.has_unfinished():
-            break
-    alone = tiny_llama.engine()
-    expected: dict[str, list[int]] = {rid: [] for rid in PROMPTS}
-    for rid, prompt in PROMPTS.items():
-        alone.add_request(rid, prompt, greedy())
-    while alone.has_unfinished():
-        for out in alone.step():
-            expected[out.request_id].extend(out.new_token_ids)
-    assert finishes["bad"][0] == "error" and "not a number" in (finishes["bad"][1] or "")
+    engine.runner._sample_and_verify = poisoned  # type: ignore[method-assign]
+    tokens, finishes = run(engine, {"bad": None})
+    assert finishes["bad"][0] == "error" and "not a number" in finishes["bad"][1]
     assert len(tokens["bad"]) == 2  # the two tokens before the fault
-    for rid in PROMPTS:
-        assert finishes[rid] == ("length", None) and tokens[rid] == expected[rid]
+    assert_the_others_kept_their_tokens(tiny_llama, tokens, finishes)

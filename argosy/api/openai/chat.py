@@ -22,20 +22,19 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from argosy.api.framing import SSEResponse, sse_frames
+from argosy.api.framing import sse_frames
 from argosy.api.openai.chat_input import chat_input_from_wire
 from argosy.api.openai.common import (
     SamplingFields,
-    degraded_headers,
     finite_logprob,
     render_error,
+    respond,
     usage_json,
 )
 from argosy.api.openai.content import text_of_parts
 from argosy.api.route import ModelRoute, RouteCall, run_route
-from argosy.api.transport import run_unless_disconnected
 from argosy.chat.events import (
     Event,
     Finish,
@@ -315,13 +314,14 @@ class ChatCompletionsRoute(ModelRoute[ChatCompletionRequest]):
         )
         stream = call.start(core_request)
         degraded = body.degraded_fields() + chat_degraded
-        if body.stream:
-            frames = sse_frames(_stream_chunks(body, stream, model_id), render_error, stream.degraded)
-            return SSEResponse(frames, headers=degraded_headers(degraded))
-        result = await run_unless_disconnected(call.request, _complete(stream, model_id))
-        if result is None:
-            return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(result, headers=degraded_headers(degraded + stream.degraded))
+        return await respond(
+            call.request,
+            stream,
+            degraded,
+            is_streaming=body.stream,
+            frames=lambda: sse_frames(_stream_chunks(body, stream, model_id), render_error, stream.degraded),
+            complete=lambda: _complete(stream, model_id),
+        )
 
 
 @router.post("/v1/chat/completions")

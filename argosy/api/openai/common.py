@@ -9,12 +9,18 @@ the field itself rather than one arm of the union.
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from argosy.api.errors import openai_error_body
+from argosy.api.framing import SSEResponse
+from argosy.api.transport import run_unless_disconnected
 from argosy.chat.events import Usage
+from argosy.core.stream import CoreStream
 from argosy.errors import ArgosyError
 from argosy.sampling_params import RequestSampling
 
@@ -166,3 +172,23 @@ def degraded_headers(fields: list[str]) -> dict[str, str]:
 
 def render_error(error: ArgosyError) -> dict[str, Any]:
     return openai_error_body(error)
+
+
+async def respond(
+    request: Request,
+    stream: CoreStream,
+    degraded: list[str],
+    *,
+    is_streaming: bool,
+    frames: Callable[[], AsyncIterator[bytes]],
+    complete: Callable[[], Awaitable[dict[str, Any]]],
+) -> Response:
+    """The answer to a generation: its SSE `frames`, or the JSON `complete` builds (the work
+    cancelled, and 499 answered to nobody, if the client leaves first). `degraded` names the
+    fields not honoured; what the stream learns under way (`stream.degraded`) joins them."""
+    if is_streaming:
+        return SSEResponse(frames(), headers=degraded_headers(degraded))
+    result = await run_unless_disconnected(request, complete())
+    if result is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    return JSONResponse(result, headers=degraded_headers(degraded + stream.degraded))

@@ -18,18 +18,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import BeforeValidator, Field
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from argosy.api.framing import SSEResponse, sse_frames
+from argosy.api.framing import sse_frames
 from argosy.api.openai.common import (
     SamplingFields,
-    degraded_headers,
     finite_logprob,
     render_error,
+    respond,
     usage_json,
 )
 from argosy.api.route import ModelRoute, RouteCall, run_route
-from argosy.api.transport import run_unless_disconnected
 from argosy.chat.events import Finish, PromptEcho, TextDelta, TokenLogprobs
 from argosy.core.recording import SessionSpec
 from argosy.core.service import ModelService
@@ -222,14 +221,14 @@ class CompletionsRoute(ModelRoute[CompletionRequest]):
         core_request.batch_invariant = body.batch_invariant
         core_request.session = _session_spec(body, model_id, call.request_id)
         stream = call.start(core_request)
-        headers = degraded_headers(body.degraded_fields())
-        if body.stream:
-            frames = sse_frames(_stream_chunks(body, stream, model_id), render_error, stream.degraded)
-            return SSEResponse(frames, headers=headers)
-        result = await run_unless_disconnected(call.request, _complete(body, stream, model_id))
-        if result is None:
-            return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(result, headers=degraded_headers(body.degraded_fields() + stream.degraded))
+        return await respond(
+            call.request,
+            stream,
+            body.degraded_fields(),
+            is_streaming=body.stream,
+            frames=lambda: sse_frames(_stream_chunks(body, stream, model_id), render_error, stream.degraded),
+            complete=lambda: _complete(body, stream, model_id),
+        )
 
 
 @router.post("/v1/completions")

@@ -23,27 +23,31 @@ router = APIRouter()
 
 
 def model_json(info: ModelInfo) -> dict[str, Any]:
+    capabilities: dict[str, Any] = {
+        "kind": info.kind,
+        "state": info.state,
+        "loaded": info.is_loaded,
+        "aliases": list(info.aliases),
+        "context_length": info.context_length,
+        "modalities": ["text"],
+        "architecture": info.architecture,
+        "dtype": info.dtype,
+        "memory_bytes": info.memory_bytes,
+        "error": info.error,
+    }
     if info.kind == "embedding":
-        return {
-            "id": info.id,
-            "object": "model",
-            "created": info.created,
-            "owned_by": "argosy",
-            "max_model_len": info.context_length,
-            "capabilities": {
-                "kind": info.kind,
-                "state": info.state,
-                "loaded": info.is_loaded,
-                "aliases": list(info.aliases),
-                "context_length": info.context_length,
-                "modalities": ["text"],
-                "embeddings": True,
-                "dimensions": info.dimensions,
-                "architecture": info.architecture,
-                "dtype": info.dtype,
-                "memory_bytes": info.memory_bytes,
-                "error": info.error,
-            },
+        capabilities |= {"embeddings": True, "dimensions": info.dimensions}
+    else:
+        capabilities |= {
+            "chat_template": info.has_chat_template,
+            "thinking": info.has_thinking,
+            "tools": info.has_tools,
+            "fill_in_the_middle": False,
+            "quantization": info.quantization,
+            "sampling_defaults": info.sampling_defaults,
+            "speculative_decoding": info.speculative,
+            "weights": info.weights,
+            "compiled_decode": info.compiled_decode,
         }
     return {
         "id": info.id,
@@ -51,27 +55,7 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
         "created": info.created,
         "owned_by": "argosy",
         "max_model_len": info.context_length,
-        "capabilities": {
-            "kind": info.kind,
-            "state": info.state,
-            "loaded": info.is_loaded,
-            "aliases": list(info.aliases),
-            "context_length": info.context_length,
-            "modalities": ["text"],
-            "chat_template": info.has_chat_template,
-            "thinking": info.has_thinking,
-            "tools": info.has_tools,
-            "fill_in_the_middle": False,
-            "architecture": info.architecture,
-            "quantization": info.quantization,
-            "dtype": info.dtype,
-            "sampling_defaults": info.sampling_defaults,
-            "speculative_decoding": info.speculative,
-            "weights": info.weights,
-            "compiled_decode": info.compiled_decode,
-            "memory_bytes": info.memory_bytes,
-            "error": info.error,
-        },
+        "capabilities": capabilities,
     }
 
 

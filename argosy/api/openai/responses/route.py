@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 
 from argosy.api.errors import openai_error_body
 from argosy.api.framing import SSEResponse, sse_frames
-from argosy.api.openai.common import degraded_headers
+from argosy.api.openai.common import degraded_headers, respond
 from argosy.api.openai.responses.background import BackgroundJob, BackgroundJobs
 from argosy.api.openai.responses.items import conversation_items, input_events, output_items
 from argosy.api.openai.responses.request import ResponsesRequest, build_turn
@@ -48,7 +48,6 @@ from argosy.api.openai.responses.store import (
 )
 from argosy.api.openai.responses.stream import ResponseStreamRenderer
 from argosy.api.route import ModelRoute, RouteCall, run_route
-from argosy.api.transport import run_unless_disconnected
 from argosy.core.recording import SessionRecorder, SessionSpec
 from argosy.core.registry import ModelRegistry
 from argosy.core.service import ModelService
@@ -174,13 +173,14 @@ class CreateResponseRoute(ModelRoute[ResponsesRequest]):
                 return SSEResponse(_sse(job.follow(), stream.degraded), headers=degraded_headers(degraded))
             queued = response_json(response_id, echo, status="queued", output=[], usage=None)
             return JSONResponse(queued, headers=degraded_headers(degraded))
-        if body.stream:
-            frames = _sse(_stream_events(stream, key, echo, flying), stream.degraded)
-            return SSEResponse(frames, headers=degraded_headers(degraded))
-        result = await run_unless_disconnected(request, _complete(stream, response_id, echo, flying))
-        if result is None:
-            return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(result, headers=degraded_headers(degraded + stream.degraded))
+        return await respond(
+            request,
+            stream,
+            degraded,
+            is_streaming=body.stream,
+            frames=lambda: _sse(_stream_events(stream, key, echo, flying), stream.degraded),
+            complete=lambda: _complete(stream, response_id, echo, flying),
+        )
 
 
 @router.post("/v1/responses")
