@@ -16,7 +16,8 @@ op below. The graph runs from inductor's C++ wrapper, not generated Python, and 
 graph exists only the guards that choose between them are evaluated.
 
 Only decode-only steps use it (one new token per sequence, no prompt logprobs); prefill
-and mixed steps run the eager model. If compiling fails, the runner stays eager.
+and mixed steps run the eager model. If compiling fails, the runner stays eager; a compiled
+step that fails at run time reruns eagerly.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ class CompiledDecoder:
         torch._inductor.config.cpp_wrapper = True
         self.fn = torch.compile(self.graph, dynamic=False, fullgraph=True)
         self.warm = False
+        self.num_eager_fallbacks = 0  # compiled steps that failed and ran eagerly instead
 
     def __call__(
         self,
@@ -134,14 +136,28 @@ class CompiledDecoder:
                 torch._dynamo.mark_dynamic(t, 0)
         torch._dynamo.mark_dynamic(block_ids, 0)
         torch._dynamo.mark_dynamic(mask, 3)
-        if self.warm:
+        args = (input_ids, cos, sin, slots, block_ids, mask, k_all, v_all)
+        if not self.warm:
+            return cast(torch.Tensor, self.fn(*args))
+        # No garbage collection inside the call: a collection there runs weakref callbacks and
+        # finalizers (an asyncio transport's __del__, a WeakSet's _remove) as Python frames under
+        # dynamo's frame hook, which the stance below refuses to compile ("Recompilation
+        # triggered"), failing the step. Collection resumes at the next allocation after it.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
             # every graph exists (warm_up): evaluate only the guards that pick between them
             # (row count 1 / the int4 side / the bf16 side), ~0.7 ms less per step
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                logits: torch.Tensor = self.fn(input_ids, cos, sin, slots, block_ids, mask, k_all, v_all)
-        else:
-            logits = self.fn(input_ids, cos, sin, slots, block_ids, mask, k_all, v_all)
-        return logits
+                return cast(torch.Tensor, self.fn(*args))
+        except Exception as exc:  # noqa: BLE001 - a graph that fails once must not fail the step
+            # the K/V writes are idempotent (same values, same slots), so the step reruns eagerly
+            self.num_eager_fallbacks += 1
+            log.warning("compiled decode step failed (%s); this step runs eagerly", exc)
+            return cast(torch.Tensor, self.graph(*args))
+        finally:
+            if collecting:
+                gc.enable()
 
     @torch.inference_mode()
     def warm_up(

@@ -7,6 +7,10 @@ logprobs, penalties), speculative drafts verified as decode rows, and preemption
 
 from __future__ import annotations
 
+import gc
+import itertools
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -65,6 +69,58 @@ def test_compiled_steps_under_preemption(tiny_llama: TinyModel) -> None:
     assert engine.stats().num_preemptions > 0
     assert engine.runner.num_compiled_steps > 0
     assert {r: t.token_ids for r, t in tight.items()} == {r: t.token_ids for r, t in roomy.items()}
+    assert_all_blocks_free(engine)
+
+
+class _Cycle:
+    """Garbage only the cycle collector frees: a pair referring to each other, one of them in a
+    WeakSet (whose weakref callback runs as a Python frame when the pair is collected)."""
+
+    watched: weakref.WeakSet[_Cycle] = weakref.WeakSet()
+
+    def __init__(self) -> None:
+        self.partner = _Cycle.__new__(_Cycle)
+        self.partner.partner = self
+        _Cycle.watched.add(self)
+
+
+def test_garbage_collection_during_a_compiled_step_and_a_failing_graph(tiny_llama: TinyModel) -> None:
+    """Found by the 30-minute soak: a collection inside the compiled call ran a weakref callback
+    under dynamo's frame hook, whose skip-guard stance refused it and failed the whole step.
+    Here every compiled step leaves one collectable cycle and a collection threshold that
+    falls at a different allocation inside the call; the steps must still give the eager
+    tokens, with no fallback needed. Then a graph that raises: that step reruns eagerly."""
+    requests = {f"c{i}": (prompt(5 + 7 * i, seed=60 + i), greedy(40)) for i in range(3)}
+    eager = run(tiny_llama.engine(), requests)
+    engine = tiny_llama.engine(compile="on")
+    compiled = engine.runner.compiled
+    assert compiled is not None
+    graph_fn, threshold, calls = compiled.fn, gc.get_threshold(), itertools.count()
+
+    def collect_inside(*args: torch.Tensor) -> torch.Tensor:
+        gc.set_threshold(100_000, *threshold[1:])
+        gc.collect()
+        _Cycle()
+        gc.set_threshold(gc.get_count()[0] + 1 + next(calls) % 60, *threshold[1:])
+        try:
+            return graph_fn(*args)
+        finally:
+            gc.set_threshold(*threshold)
+
+    compiled.fn = collect_inside
+    assert {r: o.token_ids for r, o in run(engine, requests).items()} == {
+        r: o.token_ids for r, o in eager.items()
+    }
+    assert next(calls) > 30 and compiled.num_eager_fallbacks == 0
+
+    def broken(*args: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("torch.compile with fullgraph=True found no compiled frames")
+
+    compiled.fn, steps_before = broken, engine.runner.num_compiled_steps
+    assert {r: o.token_ids for r, o in run(engine, requests).items()} == {
+        r: o.token_ids for r, o in eager.items()
+    }
+    assert compiled.num_eager_fallbacks == engine.runner.num_compiled_steps - steps_before > 30
     assert_all_blocks_free(engine)
 
 
