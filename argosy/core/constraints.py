@@ -23,6 +23,8 @@ call with no tools, json_schema without a schema, duplicate tool names.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,12 +52,32 @@ class ChatConstraints:
 MAX_TOOLS = 128
 MAX_SCHEMA_BYTES = 64 * 1024  # one schema, as compact JSON
 MAX_SCHEMA_DEPTH = 32  # nested objects and arrays
+# A counted repetition in a `pattern` (`a{n}`, `a{m,}`, `a{m,n}`) is unrolled by xgrammar 0.2.9
+# at a cost that grows about quadratically with the count (SmolLM2's vocabulary, a busy CPU:
+# `^a{1,1000}$` 0.17 s, `^[0-9]{1,3000}$` 1.3 s, `^a{5000}$` 6 s, `^a{1,10000}$` 20 s), while
+# `maxLength` / `maxItems` cost nothing at any size. So one count is bounded, and so is the sum
+# of squared counts over a request's patterns (4,000,000: four quantifiers of 1000, about 0.7 s;
+# an ISO date's `\d{4}-\d{2}-\d{2}` costs 24). What slips past both meets the grammar
+# service's compile deadline.
+MAX_PATTERN_REPEAT = 1000
+MAX_PATTERN_COST = 4_000_000  # sum of count**2 over every counted repetition of the request
+# All tools' parameter schemas together (a forced call compiles them as one grammar: 128 tools
+# of 64 KiB would be seconds of compile and more prompt than any context holds).
+MAX_TOOL_SCHEMAS_BYTES = 512 * 1024
+
+# Keywords whose values are data, not schemas (a `pattern` key inside is not a regex), and
+# keywords whose values map names to schemas (a key there is a name, not a keyword).
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 
 
-def check_schema_size(schema: Any, param: str) -> None:
-    """A 400 naming `param` for a schema past MAX_SCHEMA_BYTES or MAX_SCHEMA_DEPTH."""
+def check_schema_size(schema: Any, param: str) -> tuple[int, int]:
+    """A 400 naming `param` for a schema past MAX_SCHEMA_BYTES or MAX_SCHEMA_DEPTH, or with a
+    `pattern` (or `patternProperties` key) past MAX_PATTERN_REPEAT or MAX_PATTERN_COST; else
+    the schema's size in bytes (compact JSON) and its pattern cost (sum of squared counts)."""
     if schema is None:
-        return
+        return 0, 0
     depth = _depth(schema, 0)
     if depth > MAX_SCHEMA_DEPTH:
         raise InvalidRequestError(
@@ -69,6 +91,99 @@ def check_schema_size(schema: Any, param: str) -> None:
         raise InvalidRequestError(
             f"The schema is {size} bytes as JSON; at most {MAX_SCHEMA_BYTES} are allowed.", param
         )
+    cost = 0
+    for pattern in _patterns(schema):
+        counts = _repeat_counts(pattern)
+        largest = max(counts, default=0)
+        if largest > MAX_PATTERN_REPEAT:
+            shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
+            raise InvalidRequestError(
+                f"The schema's pattern {shown!r} repeats {largest} times; a counted repetition "
+                f"({{n}}, {{m,}}, {{m,n}}, counts of nested groups multiplied) may repeat at most "
+                f"{MAX_PATTERN_REPEAT} times (use maxLength to bound a string's length).",
+                param,
+            )
+        cost += sum(count * count for count in counts)
+    _check_pattern_cost(cost, param)
+    return size, cost
+
+
+def _check_pattern_cost(cost: int, param: str) -> None:
+    if cost > MAX_PATTERN_COST:
+        raise InvalidRequestError(
+            f"The schemas' patterns repeat too much to compile quickly: the sum of their squared "
+            f"repetition counts is {cost}, at most {MAX_PATTERN_COST} is allowed (fewer or smaller "
+            "{n} / {m,n} counts; maxLength bounds a string's length at no cost).",
+            param,
+        )
+
+
+def _patterns(schema: Any) -> Iterator[str]:
+    """Every regex in `schema`: `pattern` values and `patternProperties` keys (the depth is
+    checked first, so the recursion is bounded)."""
+    if isinstance(schema, list):
+        for item in schema:
+            yield from _patterns(item)
+        return
+    if not isinstance(schema, dict):
+        return
+    for key, value in schema.items():
+        if key in _DATA_KEYWORDS:
+            continue
+        if key == "pattern" and isinstance(value, str):
+            yield value
+        elif key in _NAMED_SCHEMAS and isinstance(value, dict):
+            if key == "patternProperties":
+                yield from (name for name in value if isinstance(name, str))
+            for item in value.values():
+                yield from _patterns(item)
+        else:
+            yield from _patterns(value)
+
+
+def _repeat_counts(pattern: str) -> list[int]:
+    """The effective counts of `pattern`'s counted repetitions: the larger of m and n in
+    `{m,n}`, times the counts of the groups around it (`(a{1,10}){1,10}` unrolls `a` up to 100
+    times). Escapes and character classes are skipped (there `{` is a literal); a count of more
+    than nine digits, or a product past 10**9, reads as 10**9."""
+    levels: list[list[int]] = [[]]  # counts inside each open group, outermost first
+    position = 0
+    is_in_class = False
+    while position < len(pattern):
+        char = pattern[position]
+        position += 1
+        if char == "\\":
+            position += 1
+        elif is_in_class:
+            is_in_class = char != "]"
+        elif char == "[":
+            is_in_class = True
+            if pattern.startswith("^]", position) or pattern.startswith("]", position):
+                position = pattern.index("]", position) + 1  # a leading `]` is a literal
+        elif char == "(":
+            levels.append([])
+        elif char == ")" and len(levels) > 1:
+            inner = levels.pop()
+            count = _count_at(pattern, position)
+            if count is None:
+                levels[-1].extend(inner)
+            else:
+                levels[-1].extend(min(each * count[0], 10**9) for each in inner)
+                levels[-1].append(count[0])
+                position = count[1]
+        elif char == "{" and (count := _count_at(pattern, position - 1)) is not None:
+            levels[-1].append(count[0])
+            position = count[1]
+    return [each for level in levels for each in level]
+
+
+def _count_at(pattern: str, position: int) -> tuple[int, int] | None:
+    """The count of a `{m}` / `{m,}` / `{m,n}` quantifier at `position`, and where it ends."""
+    match = _REPEAT.match(pattern, position)
+    if match is None:
+        return None
+    numbers = [int(digits) if len(digits) <= 9 else 10**9 for digits in match.groups() if digits]
+    return max(numbers), match.end()
 
 
 def _depth(value: Any, level: int) -> int:
@@ -87,8 +202,18 @@ def check_chat_options(
     """The refusals that need no model (run before a model is resolved)."""
     if len(tools) > MAX_TOOLS:
         raise InvalidRequestError(f"At most {MAX_TOOLS} tools are allowed, got {len(tools)}.", "tools")
+    total_bytes = total_cost = 0
     for position, tool in enumerate(tools):
-        check_schema_size(tool.parameters, f"tools[{position}]")
+        num_bytes, cost = check_schema_size(tool.parameters, f"tools[{position}]")
+        total_bytes += num_bytes
+        total_cost += cost
+        if total_bytes > MAX_TOOL_SCHEMAS_BYTES:
+            raise InvalidRequestError(
+                f"The tools' parameter schemas are more than {MAX_TOOL_SCHEMAS_BYTES} bytes together "
+                f"(as JSON, through tools[{position}]).",
+                "tools",
+            )
+        _check_pattern_cost(total_cost, "tools")
     if output_format is not None:
         check_schema_size(output_format.schema, "response_format")
     names = [tool.name for tool in tools]

@@ -88,6 +88,9 @@ class XGrammarBackend:
         self.cache.put(key, compiled)
         return compiled
 
+    def cached(self, spec: GrammarSpec) -> CompiledGrammar | None:
+        return self.cache.get(spec.cache_key())
+
     def guide(self, compiled: CompiledGrammar) -> XGrammarGuide:
         return XGrammarGuide(xgr.GrammarMatcher(compiled.handle), self._stop_mask, self.vocab_size)
 

@@ -193,6 +193,10 @@ class GrammarBackend(Protocol):
         """Compile (or fetch from the cache) `spec`; InvalidRequestError naming why it cannot be."""
         ...
 
+    def cached(self, spec: GrammarSpec) -> CompiledGrammar | None:
+        """`spec` compiled if the cache holds it, else None; never compiles (cheap)."""
+        ...
+
     def guide(self, compiled: CompiledGrammar) -> TokenGuide:
         """A fresh per-request matcher at the start of `compiled`."""
         ...

@@ -26,7 +26,11 @@ from argosy.sampling_params import RequestSampling
 
 DEGRADED_HEADER = "x-argosy-degraded"
 MAX_N = 16
+# OpenAI takes up to 4 stop sequences, vLLM any number; 16 leaves room for every real use. A
+# stop string's length is what the detokenizer holds back while streaming (a partial match
+# may still complete), so 1000 characters bounds that delay and the per-step search.
 MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1000  # characters in one stop string
 MAX_LOGIT_BIAS = 1024  # entries of logit_bias
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
 
@@ -35,12 +39,15 @@ def _stop_list(value: Any) -> list[str] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        if len(value) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(value)}")
-        return list(value)
-    raise ValueError("stop must be a string or a list of strings")
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise ValueError("stop must be a string or a list of strings")
+    if len(value) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(value)}")
+    longest = max((len(s) for s in value), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise ValueError(f"a stop string may have at most {MAX_STOP_CHARS} characters, got {longest}")
+    return list(value)
 
 
 def _logit_bias(value: Any) -> dict[int, float] | None:
