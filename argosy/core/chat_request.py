@@ -9,6 +9,7 @@ parser's options, and the fields it could not honour (`degraded`).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +54,10 @@ class PreparedChat:
 async def prepare_chat(core: ModelService, chat: ChatInput) -> PreparedChat:
     profile = core.chat_profile()
     constraints = plan_constraints(chat, profile.call_family.call_syntax)
-    prompt_text = profile.render(chat.messages, constraints.prompt_tools, chat.template_kwargs)
+    # off the event loop: a template may take up to its render deadline (argosy/chat/template.py)
+    prompt_text = await asyncio.to_thread(
+        profile.render, chat.messages, constraints.prompt_tools, chat.template_kwargs
+    )
     is_reasoning_open = prompt_opens_reasoning(profile.call_family, prompt_text)
     options = dataclasses.replace(
         constraints.parser_options,
