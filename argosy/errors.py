@@ -48,6 +48,27 @@ class OverloadedError(ArgosyError):
         self.retry_after_s = retry_after_s
 
 
+class StorageError(ArgosyError):
+    """The session store cannot be written or read now: a read-only or failing disk, a
+    locked database (HTTP 503). Nothing committed before is lost; it serves again once the
+    disk does."""
+
+    kind = "storage_unavailable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="storage_unavailable")
+
+
+class StorageFullError(StorageError):
+    """The session store's disk is full (HTTP 507 Insufficient Storage)."""
+
+    kind = "storage_full"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = "storage_full"
+
+
 class ModelLoadError(ArgosyError):
     """A model file or folder could not be read or is of an unsupported kind."""
 

@@ -26,6 +26,8 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "payload_too_large": (413, "invalid_request_error"),
     "model_loading": (503, "server_error"),
     "overloaded": (503, "server_error"),
+    "storage_unavailable": (503, "server_error"),
+    "storage_full": (507, "server_error"),
     "model_load_error": (500, "server_error"),
     "internal_error": (500, "server_error"),
 }

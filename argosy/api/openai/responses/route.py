@@ -52,7 +52,7 @@ from argosy.core.recording import SessionRecorder, SessionSpec
 from argosy.core.registry import ModelRegistry
 from argosy.core.service import ModelService
 from argosy.core.stream import CoreStream
-from argosy.errors import ArgosyError, InvalidRequestError, NotFoundError
+from argosy.errors import ArgosyError, InvalidRequestError, NotFoundError, StorageError
 from argosy.sessions.events import SessionEvent
 from argosy.sessions.store import Session, SessionStore
 
@@ -158,6 +158,12 @@ class CreateResponseRoute(ModelRoute[ResponsesRequest]):
         except NotFoundError:  # the previous response was deleted meanwhile
             stream.close()
             raise not_found(body.previous_response_id or "", "previous_response_id") from None
+        except StorageError:
+            if body.store:  # a response asked to be kept must not be served unkept: 507/503
+                stream.close()
+                raise
+            log.exception("could not record the unstored response; serving it")
+            key = uuid.uuid4().hex
         except Exception:
             log.exception("could not store the response; serving it unstored")
             key, spec.is_ephemeral = uuid.uuid4().hex, True  # the core records it as it can
