@@ -7,7 +7,7 @@ PORT ?= 8000
 MODEL ?= smollm2
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install serve test lint unit e2e bench clean
+.PHONY: install serve test lint unit e2e bench fuzz clean
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,11 @@ lint: install
 
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# schema-driven fuzzing, long run: 360 examples per operation and mode (>10,000 cases in all)
+FUZZ_EXAMPLES ?= 360
+fuzz: install
+	ARGOSY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/faults/test_fuzz.py
 
 bench: install
 	$(BIN)/python bench/engine.py

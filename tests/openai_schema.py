@@ -3,8 +3,8 @@
 `validate("CreateChatCompletionResponse", body)` checks `body` against
 `#/components/schemas/CreateChatCompletionResponse` of openai/openai-openapi at f85dbe2 (the
 copy in `tests/fixtures/openai-openapi.schemas.json`: the component schemas the OpenAI routes
-answer with and everything they reference, verbatim, so a clean clone needs no 3 MB spec
-file) and raises SchemaViolation naming the path of
+answer with and everything they reference, plus the operations the server implements for
+tests/faults/test_fuzz.py, verbatim, so a clean clone needs no 3 MB spec file) and raises SchemaViolation naming the path of
 the failing field (`$.choices[0].message`) and the rule it breaks.
 
 The spec is OpenAPI 3.1 (JSON Schema 2020-12), checked by `jsonschema`'s 2020-12 validator
@@ -50,18 +50,33 @@ ROOTS = (
     "ErrorResponse",
 )
 
+# The operations the server implements, kept (verbatim) for fuzzing: tests/faults/test_fuzz.py
+# generates requests from their request schemas and checks the answers against their responses.
+OPERATIONS = {
+    "/chat/completions": ("post",),
+    "/completions": ("post",),
+    "/embeddings": ("post",),
+    "/models": ("get",),
+    "/models/{model}": ("get",),
+    "/responses": ("post",),
+    "/responses/{response_id}": ("get", "delete"),
+    "/responses/{response_id}/cancel": ("post",),
+    "/responses/{response_id}/input_items": ("get",),
+}
+RESPONSES = "#/components/responses/"
+
 
 class SchemaViolation(AssertionError):
     """An instance that does not validate; the message names each failing path."""
 
 
-def _with_nullable(node: Any) -> Any:
+def with_nullable(node: Any) -> Any:
     """A copy of `node` where every schema with `nullable: true` becomes `anyOf [it, null]`."""
     if isinstance(node, list):
-        return [_with_nullable(item) for item in node]
+        return [with_nullable(item) for item in node]
     if not isinstance(node, dict):
         return node
-    converted = {key: _with_nullable(value) for key, value in node.items()}
+    converted = {key: with_nullable(value) for key, value in node.items()}
     if converted.get("nullable") is True:
         del converted["nullable"]
         return {"anyOf": [converted, {"type": "null"}]}
@@ -71,7 +86,7 @@ def _with_nullable(node: Any) -> Any:
 
 @cache
 def _registry() -> Registry[Any]:
-    spec = _with_nullable(json.loads(SPEC_PATH.read_text()))
+    spec = with_nullable(json.loads(SPEC_PATH.read_text()))
     resource = Resource.from_contents(spec, default_specification=DRAFT202012)
     return Registry().with_resource(SPEC_URI, resource)
 
@@ -155,18 +170,46 @@ def referenced_schemas(schemas: dict[str, Any], roots: tuple[str, ...]) -> list[
     return sorted(seen)
 
 
+def _refs(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        own = {node["$ref"]} if isinstance(node.get("$ref"), str) else set()
+        return own.union(*(_refs(value) for value in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_refs(item) for item in node))
+    return set()
+
+
 def extract(full_spec: dict[str, Any]) -> dict[str, Any]:
+    """ROOTS and OPERATIONS (with every schema and response they reference), verbatim."""
+    paths = {
+        path: {method: copy.deepcopy(full_spec["paths"][path][method]) for method in methods}
+        for path, methods in OPERATIONS.items()
+    }
+    responses = {
+        ref.removeprefix(RESPONSES): copy.deepcopy(
+            full_spec["components"]["responses"][ref.removeprefix(RESPONSES)]
+        )
+        for ref in _refs(paths)
+        if ref.startswith(RESPONSES)
+    }
+    reached = {ref.removeprefix(SCHEMAS) for ref in _refs([paths, responses]) if ref.startswith(SCHEMAS)}
     schemas = full_spec["components"]["schemas"]
-    kept = {name: copy.deepcopy(schemas[name]) for name in referenced_schemas(schemas, ROOTS)}
+    kept = {
+        name: copy.deepcopy(schemas[name]) for name in referenced_schemas(schemas, (*ROOTS, *sorted(reached)))
+    }
     return {
         "openapi": full_spec["openapi"],
         "info": {
             "title": full_spec["info"]["title"],
             "version": full_spec["info"]["version"],
             "license": full_spec["info"].get("license"),
-            "x-argosy": "openai/openai-openapi at f85dbe2: the components/schemas tests/openai_schema.py ROOTS reach, verbatim",
+            "x-argosy": (
+                "openai/openai-openapi at f85dbe2: the operations in tests/openai_schema.py OPERATIONS and "
+                "the components/schemas they and ROOTS reach, verbatim"
+            ),
         },
-        "components": {"schemas": kept},
+        "paths": paths,
+        "components": {"schemas": kept, "responses": responses},
     }
 
 
@@ -174,4 +217,4 @@ if __name__ == "__main__":
     subset = extract(json.loads(Path(sys.argv[1]).read_text()))
     SPEC_PATH.parent.mkdir(parents=True, exist_ok=True)
     SPEC_PATH.write_text(json.dumps(subset, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
-    print(f"{SPEC_PATH}: {len(subset['components']['schemas'])} schemas")
+    print(f"{SPEC_PATH}: {len(subset['paths'])} paths, {len(subset['components']['schemas'])} schemas")

@@ -12,6 +12,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from argosy.api.openapi import query
 from argosy.core.registry import ModelRegistry
 from argosy.core.service import ModelService
 from argosy.errors import InvalidRequestError
@@ -31,7 +32,12 @@ def server_state(registry: ModelRegistry, preloaded: list[str]) -> str:
     return "ok"
 
 
-@router.get("/health")
+@router.get(
+    "/health",
+    responses={
+        503: {"description": "Not ready: models loading, failed or dead", "content": {"application/json": {}}}
+    },
+)
 async def health(request: Request) -> JSONResponse:
     registry: ModelRegistry = request.app.state.registry
     state = server_state(registry, request.app.state.preloaded)
@@ -39,7 +45,12 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": state, "models": models}, status_code=200 if state == "ok" else 503)
 
 
-@router.get("/v1/argosy/engine")
+@router.get(
+    "/v1/argosy/engine",
+    openapi_extra={
+        "parameters": [query("model", {"type": "string"}, "A loaded chat model (default: the first).")]
+    },
+)
 async def engine_stats(request: Request) -> JSONResponse:
     """A loaded chat model's engine counters (`?model=`; default the first chat model)."""
     registry: ModelRegistry = request.app.state.registry

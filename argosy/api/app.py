@@ -20,6 +20,7 @@ from argosy.api.openai import completions as openai_completions
 from argosy.api.openai import embeddings as openai_embeddings
 from argosy.api.openai import models as openai_models
 from argosy.api.openai.responses import route as openai_responses
+from argosy.api.openapi import openapi_document
 from argosy.api.transport import ArrivalMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from argosy.config import ServerConfig
 from argosy.core.pipeline import Pipeline
@@ -113,21 +114,26 @@ def build_app(
     preloaded: list[str] | None = None,
 ) -> FastAPI:
     """The HTTP app over `registry`. `preloaded`: the models /health waits for."""
-    app = FastAPI(title="Argosy", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="Argosy", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.registry = registry
     app.state.pipeline = pipeline or Pipeline(registry)
     app.state.sessions = sessions
     app.state.preloaded = preloaded if preloaded is not None else [registry.entries[0].spec.id]
     app.state.error_renderers = ErrorRenderers()
-    for module in (
-        admin,
-        openai_models,
-        openai_chat,
-        openai_completions,
-        openai_responses,
-        openai_embeddings,
-    ):
-        app.include_router(module.router)
+    routers = [
+        module.router
+        for module in (
+            admin,
+            openai_models,
+            openai_chat,
+            openai_completions,
+            openai_responses,
+            openai_embeddings,
+        )
+    ]
+    for router in routers:
+        app.include_router(router)
+    app.openapi = lambda: openapi_document(app, routers)  # type: ignore[method-assign]
     app.add_exception_handler(ArgosyError, _on_argosy_error)
     app.add_exception_handler(HTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)

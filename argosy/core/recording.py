@@ -87,13 +87,16 @@ def _log_failure(future: concurrent.futures.Future[Any], what: str) -> None:
 class SessionSpec:
     """What a generation records. `inputs[p]`: the events (messages) that prompt p's session
     starts with. `session_id`: a session the dialect opened already, holding its inputs
-    through seq `input_end_seq` (one prompt, n == 1); the output is appended to it."""
+    through seq `input_end_seq` (one prompt, n == 1); the output is appended to it.
+    `keeps_logprobs`: text spans keep their tokens' logprobs (session_log.ChoiceLog), for a
+    dialect that rebuilds them from the session (a stored response)."""
 
     inputs: list[list[SessionEvent]]
     metadata: dict[str, Any] = field(default_factory=dict)
     is_ephemeral: bool = True
     session_id: str | None = None
     input_end_seq: int = 0
+    keeps_logprobs: bool = False
 
 
 def prompt_spec(prompts: Sequence[list[int]], metadata: dict[str, Any]) -> SessionSpec:
@@ -114,7 +117,7 @@ class GenerationRecord:
 
     def __init__(self, recorder: SessionRecorder, spec: SessionSpec, choice_prompts: list[int]) -> None:
         self.spec = spec
-        self.logs = [ChoiceLog() for _ in choice_prompts]
+        self.logs = [ChoiceLog(keeps_logprobs=spec.keeps_logprobs) for _ in choice_prompts]
         self.committed: concurrent.futures.Future[list[str]] | None = None
         self.outputs: list[list[SessionEvent]] = []  # per choice, once committed (stored or not)
         self._recorder = recorder

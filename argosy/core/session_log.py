@@ -10,17 +10,27 @@ order gives the choice's output ids exactly (a continued conversation rebuilds i
 them). Ids are given to the span of the next event that follows them, since an engine output
 produces its events after its ids arrive; ids that no event follows (the end-of-sequence
 token, text held back at the end) join the last span, or an empty text span when there is none.
+
+Logprobs, when the generation keeps them (SessionSpec.keeps_logprobs), go the same way: the
+entries of a LogprobsDelta (or of a TextDelta, for a choice without channels) join the span
+of the next event that carries something, leftovers the last span. Only text spans keep
+theirs (what a Responses client reads back as `output_text.logprobs`), as `logprob_record`
+writes them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from argosy.chat.events import (
     Finish,
+    LogprobsDelta,
     ReasoningDelta,
     TextDelta,
+    TokenCandidate,
+    TokenLogprobs,
     ToolCallArgsDelta,
     ToolCallEnd,
     ToolCallStart,
@@ -35,6 +45,7 @@ class _Span:
     channel: str
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(slots=True)
@@ -57,12 +68,52 @@ def usage_record(usage: Usage) -> dict[str, Any]:
     return record
 
 
-class ChoiceLog:
-    """Accumulates one choice's output as session events; `events()` at the end."""
+def logprob_record(entry: TokenLogprobs) -> dict[str, Any]:
+    """A token's logprobs as a span stores them (JSON: bytes as hex, -inf as null)."""
+    return {
+        **_candidate_record(entry.chosen),
+        "text": entry.text,
+        "top": [_candidate_record(c) for c in entry.top],
+    }
 
-    def __init__(self) -> None:
+
+def logprobs_of(records: list[dict[str, Any]]) -> list[TokenLogprobs]:
+    """The entries `logprob_record` stored, back (a token's text is its bytes, decoded)."""
+    return [
+        TokenLogprobs(_candidate(record), record["text"], [_candidate(top) for top in record["top"]])
+        for record in records
+    ]
+
+
+def _candidate_record(candidate: TokenCandidate) -> dict[str, Any]:
+    logprob = candidate.logprob
+    return {
+        "id": candidate.token_id,
+        "bytes": candidate.token_bytes.hex(),
+        "logprob": logprob if logprob is None or math.isfinite(logprob) else None,
+    }
+
+
+def _candidate(record: dict[str, Any]) -> TokenCandidate:
+    token_bytes = bytes.fromhex(record["bytes"])
+    logprob = record["logprob"]
+    return TokenCandidate(
+        record["id"],
+        token_bytes.decode("utf-8", errors="replace"),
+        token_bytes,
+        float("-inf") if logprob is None else float(logprob),
+    )
+
+
+class ChoiceLog:
+    """Accumulates one choice's output as session events; `events()` at the end.
+    `keeps_logprobs`: text spans keep their tokens' logprobs (see the module docstring)."""
+
+    def __init__(self, *, keeps_logprobs: bool = False) -> None:
         self._items: list[_Span | SessionEvent] = []
         self._pending_ids: list[int] = []
+        self._pending_logprobs: list[TokenLogprobs] = []
+        self._keeps_logprobs = keeps_logprobs
         self._calls: dict[int, tuple[_Call, _Span]] = {}
         self.finish: Finished | None = None
 
@@ -76,7 +127,10 @@ class ChoiceLog:
 
     def add(self, event: Any) -> None:
         """Take one neutral event of this choice; kinds with nothing to record are skipped."""
-        if isinstance(event, TextDelta):
+        if isinstance(event, LogprobsDelta):
+            self._add_logprobs(event.logprobs)
+        elif isinstance(event, TextDelta):
+            self._add_logprobs(event.logprobs)  # a choice without channels: its own text's
             self._extend("text", event.text)
         elif isinstance(event, ReasoningDelta):
             self._extend("reasoning", event.text)
@@ -102,19 +156,25 @@ class ChoiceLog:
         """Everything recorded, ending with a Finished (`unfinished_reason` when the choice
         never finished — cancelled, failed, timed out before its Finish — with `usage`, what
         it had used by then)."""
-        if self._pending_ids:
+        if self._pending_ids or self._pending_logprobs:
             spans = [item for item in self._items if isinstance(item, _Span)]
             if not spans:
                 spans = [_Span("text")]
                 self._items.append(spans[0])
             self._take_pending(spans[-1])
         events: list[SessionEvent] = [
-            SpanGenerated(item.channel, item.text, list(item.token_ids)) if isinstance(item, _Span) else item
+            SpanGenerated(item.channel, item.text, list(item.token_ids), item.logprobs)
+            if isinstance(item, _Span)
+            else item
             for item in self._items
         ]
         unfinished = Finished(unfinished_reason, usage_record(usage) if usage is not None else {})
         events.append(self.finish or unfinished)
         return events
+
+    def _add_logprobs(self, entries: list[TokenLogprobs] | None) -> None:
+        if self._keeps_logprobs and entries:
+            self._pending_logprobs.extend(entries)
 
     def _extend(self, channel: str, text: str) -> None:
         if not text:  # ids stay pending for the next event that carries something
@@ -129,3 +189,6 @@ class ChoiceLog:
     def _take_pending(self, span: _Span) -> None:
         span.token_ids.extend(self._pending_ids)
         self._pending_ids = []
+        if self._keeps_logprobs and span.channel == "text":
+            span.logprobs = (span.logprobs or []) + [logprob_record(e) for e in self._pending_logprobs]
+        self._pending_logprobs = []

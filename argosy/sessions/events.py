@@ -46,13 +46,18 @@ class MessageAppended:
 
 @dataclass(frozen=True, slots=True)
 class SpanGenerated:
-    """Text the model generated on one channel, with the token ids that produced it."""
+    """Text the model generated on one channel, with the token ids that produced it.
+
+    `logprobs`: a text span's per-token logprobs, when its generation kept them (a Responses
+    request that includes `message.output_text.logprobs`), as argosy/core/session_log.py
+    records them; None otherwise, and then left out of the stored payload."""
 
     kind: ClassVar[str] = "span"
 
     channel: str  # one of SPAN_CHANNELS
     text: str
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.channel not in SPAN_CHANNELS:
@@ -99,12 +104,21 @@ EVENT_TYPES: dict[str, type[SessionEvent]] = {
 }
 
 
+# Optional fields added later: absent from the payload while None (rows stay as they were).
+_LEFT_OUT_WHEN_NONE = frozenset({"logprobs"})
+
+
 def encode_event(event: SessionEvent) -> tuple[str, str]:
     """(kind, JSON payload) of an event; InvalidRequestError when a field is not JSON-able."""
     if type(event) not in EVENT_TYPES.values():
         raise InvalidRequestError(f"not a session event: {type(event).__name__}")
+    fields = {
+        key: value
+        for key, value in asdict(event).items()
+        if value is not None or key not in _LEFT_OUT_WHEN_NONE
+    }
     try:
-        payload = json.dumps(asdict(event), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        payload = json.dumps(fields, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise InvalidRequestError(f"{event.kind} event is not JSON-serialisable: {exc}") from exc
     return event.kind, payload

@@ -268,7 +268,7 @@ def test_responses_refusals(http: httpx.Client) -> None:
         assert response.json()["error"]["param"] == param
     response = post({"input": "Hi"}, headers={"x-argosy-qos": "urgent"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "x-argosy-qos"
-    degraded = post({"input": "Hi", "max_output_tokens": 2, "include": ["message.output_text.logprobs"]})
+    degraded = post({"input": "Hi", "max_output_tokens": 2, "include": ["file_search_call.results"]})
     assert degraded.status_code == 200 and degraded.headers["x-argosy-degraded"] == "include"
 
 

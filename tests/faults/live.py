@@ -4,6 +4,7 @@ engine thread, fill a disk — and watch what clients see over real HTTP."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,9 @@ class LiveServer:
     data_dir: Path | None = None  # None: no session store
     server_options: dict[str, Any] = field(default_factory=dict)
     maintain_every_s: float | None = None  # None: the test drives maintenance itself
+    # each connection's kernel send buffer (SO_SNDBUF, inherited from the listening socket;
+    # None: the kernel's autotuned default, up to megabytes on loopback)
+    send_buffer_bytes: int | None = None
     port: int = 0
     registry: ModelRegistry | None = None
     sessions: SessionRecorder | None = None
@@ -54,7 +58,15 @@ class LiveServer:
         self._server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", access_log=False)
         )
-        self._thread = threading.Thread(target=self._server.run, name="live-server", daemon=True)
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.send_buffer_bytes is not None:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer_bytes)
+        listener.bind(("127.0.0.1", self.port))
+        server = self._server
+        self._thread = threading.Thread(
+            target=lambda: server.run(sockets=[listener]), name="live-server", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

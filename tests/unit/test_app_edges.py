@@ -106,6 +106,21 @@ def test_schema_errors_come_before_the_model(client: TestClient, load: BlockedLo
     assert load.calls == []  # no refusal above started a load
 
 
+def test_null_means_the_default(client: TestClient) -> None:
+    """OpenAI reads a field sent as null as a field not sent: these pass validation and reach
+    the model (503: still loading), where `"stream": "yes"` does not."""
+    nulls = {"stream": None, "n": None, "logprobs": None, "store": None, "stream_options": None}
+    assert client.post("/v1/chat/completions", json={**GOOD_CHAT, **nulls}).status_code == 503
+    assert (
+        client.post("/v1/completions", json={"prompt": "x", "echo": None, "stream": None}).status_code == 503
+    )
+    responses = {"model": "smollm2", "input": "x", "stream": None, "store": None, "temperature": None}
+    assert client.post("/v1/responses", json=responses).status_code == 503
+    assert_openai_error(
+        client.post("/v1/chat/completions", json={**GOOD_CHAT, "stream": "yes"}), 400, "stream"
+    )
+
+
 def test_malformed_json(client: TestClient) -> None:
     response = client.post(
         "/v1/chat/completions", content=b'{"messages": [', headers={"content-type": "application/json"}
@@ -235,3 +250,54 @@ def test_the_pipeline_hooks_see_every_request(registry: ModelRegistry) -> None:
         ("rejected", 404, "POST /v1/chat/completions"),
     ]
     assert registry.entries[0].state == "unloaded"
+
+
+def test_the_openapi_document_lists_every_route_with_its_body(client: TestClient) -> None:
+    """GET /openapi.json: every route the app registers, each model route's request body from
+    its pydantic model, SSE where it streams, the error envelope on 4XX/5XX; and schemathesis
+    (the fuzzer in tests/faults/test_fuzz.py) can build every operation from it."""
+    import schemathesis
+
+    response = client.get("/openapi.json")
+    assert response.status_code == 200
+    document = response.json()
+    documented = {(path, method) for path, ops in document["paths"].items() for method in ops}
+    assert documented == {
+        ("/health", "get"),
+        ("/v1/argosy/engine", "get"),
+        ("/v1/models", "get"),
+        ("/v1/models/{model_id}", "get"),
+        ("/v1/chat/completions", "post"),
+        ("/v1/completions", "post"),
+        ("/v1/embeddings", "post"),
+        ("/v1/responses", "post"),
+        ("/v1/responses/{response_id}", "get"),
+        ("/v1/responses/{response_id}", "delete"),
+        ("/v1/responses/{response_id}/cancel", "post"),
+        ("/v1/responses/{response_id}/input_items", "get"),
+        ("/v1/argosy/responses/{response_id}/prompt", "get"),
+    }
+    schemas = document["components"]["schemas"]
+    for path, model in [
+        ("/v1/chat/completions", "ChatCompletionRequest"),
+        ("/v1/completions", "CompletionRequest"),
+        ("/v1/responses", "ResponsesRequest"),
+        ("/v1/embeddings", "EmbeddingRequest"),
+    ]:
+        operation = document["paths"][path]["post"]
+        body = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{model}"} and "properties" in schemas[model]
+        media = set(operation["responses"]["200"]["content"])
+        assert media == (
+            {"application/json"} if path == "/v1/embeddings" else {"application/json", "text/event-stream"}
+        )
+        assert operation["responses"]["4XX"]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "/Error"
+        )
+    assert "messages" in schemas["ChatCompletionRequest"]["required"]
+    params = {
+        p["name"] for p in document["paths"]["/v1/responses/{response_id}/input_items"]["get"]["parameters"]
+    }
+    assert params == {"response_id", "order", "limit", "after"}
+    operations = [result.ok() for result in schemathesis.openapi.from_dict(document).get_all_operations()]
+    assert len(operations) == len(documented)

@@ -11,8 +11,11 @@ from argosy.api.openai.responses.items import conversation_items, input_events, 
 from argosy.api.openai.responses.stream import ResponseStreamRenderer
 from argosy.chat.events import (
     Finish,
+    LogprobsDelta,
     ReasoningDelta,
     TextDelta,
+    TokenCandidate,
+    TokenLogprobs,
     ToolCallArgsDelta,
     ToolCallEnd,
     ToolCallStart,
@@ -232,6 +235,49 @@ def test_stream_sequence_for_reasoning_text_and_a_call() -> None:
 def test_streamed_items_equal_the_stored_ones(events: list[Any]) -> None:
     _, renderer = _stream(events)
     assert renderer.items == output_items(logged(events), "k")
+
+
+def lp(token_id: int, token_bytes: bytes, text: str) -> TokenLogprobs:
+    chosen = TokenCandidate(token_id, token_bytes.decode("utf-8", "replace"), token_bytes, -0.25)
+    return TokenLogprobs(chosen, text, [chosen, TokenCandidate(9, "x", b"x", float("-inf"))])
+
+
+def test_output_text_logprobs_stream_with_their_delta_and_are_stored_alike() -> None:
+    think, he, eos = lp(1, b"<think>", "<think>"), lp(2, b"He", "He"), lp(3, b"<|im_end|>", "")
+    half, euro = lp(4, b"\xe2\x82", ""), lp(5, b"\xac", "\u20ac")  # a character in two tokens
+    events = [
+        LogprobsDelta(0, [think]),
+        ReasoningDelta(0, "hm"),
+        LogprobsDelta(0, [he, half]),
+        TextDelta(0, "He"),
+        LogprobsDelta(0, [euro]),
+        TextDelta(0, "\u20ac"),
+        LogprobsDelta(0, [eos]),
+        Finish(0, "stop", USAGE),
+    ]
+    out, renderer = _stream(events)
+    deltas = [e["logprobs"] for e in out if e["type"] == "response.output_text.delta"]
+    assert [[entry["token"] for entry in delta] for delta in deltas] == [["He", "\ufffd"], ["\ufffd"]]
+    (done,) = [e for e in out if e["type"] == "response.output_text.done"]
+    assert done["logprobs"] == deltas[0] + deltas[1]  # the reasoning's and the EOS's left out
+    assert (
+        bytes(b for entry in done["logprobs"] for b in entry["bytes"]).decode() == done["text"] == "He\u20ac"
+    )
+    assert done["logprobs"][0] == {
+        "token": "He",
+        "logprob": -0.25,
+        "bytes": [72, 101],
+        "top_logprobs": [
+            {"token": "He", "logprob": -0.25, "bytes": [72, 101]},
+            {"token": "x", "logprob": -9999.0, "bytes": [120]},  # -inf, as chat reports it
+        ],
+    }
+    log = ChoiceLog(keeps_logprobs=True)
+    for event in events:
+        log.add(event)
+    assert renderer.items == output_items(log.events(), "k")  # streamed == stored
+    assert renderer.items[1]["content"][0]["logprobs"] == done["logprobs"]
+    assert output_items(logged(events), "k")[1]["content"][0]["logprobs"] == []  # not kept: none
 
 
 def test_conversation_items_name_earlier_outputs_by_their_response() -> None:

@@ -8,6 +8,8 @@ from argosy.chat.events import (
     LogprobsDelta,
     ReasoningDelta,
     TextDelta,
+    TokenCandidate,
+    TokenLogprobs,
     ToolCallArgsDelta,
     ToolCallEnd,
     ToolCallStart,
@@ -22,8 +24,16 @@ from argosy.core.conversation import (
     generated_token_ids,
     history_messages,
 )
-from argosy.core.session_log import ChoiceLog
-from argosy.sessions.events import Finished, MessageAppended, SpanGenerated, ToolParseFailed, ToolUsed
+from argosy.core.session_log import ChoiceLog, logprob_record, logprobs_of
+from argosy.sessions.events import (
+    Finished,
+    MessageAppended,
+    SpanGenerated,
+    ToolParseFailed,
+    ToolUsed,
+    decode_event,
+    encode_event,
+)
 from argosy.sessions.store import StoredEvent
 
 
@@ -58,6 +68,43 @@ def test_an_unfinished_choice_ends_with_the_given_reason_and_keeps_its_ids() -> 
     log = ChoiceLog()
     log.add_token_ids([7, 8])
     assert log.events("abort") == [SpanGenerated("text", "", [7, 8]), Finished("abort")]
+
+
+def lp(token_id: int, token_bytes: bytes, text: str) -> TokenLogprobs:
+    """An entry whose chosen token is also its one alternative."""
+    chosen = TokenCandidate(token_id, token_bytes.decode("utf-8", "replace"), token_bytes, -0.5)
+    return TokenLogprobs(chosen, text, [chosen])
+
+
+def test_text_spans_keep_their_tokens_logprobs_when_asked() -> None:
+    think, hi, eos = lp(1, b"<think>", "<think>"), lp(2, b"Hi", "Hi"), lp(3, b"<|im_end|>", "")
+    events = [
+        LogprobsDelta(0, [think]),
+        ReasoningDelta(0, "hm"),
+        LogprobsDelta(0, [hi]),
+        TextDelta(0, "Hi"),
+        LogprobsDelta(0, [eos]),  # the EOS: no event follows, it joins the last span
+        Finish(0, "stop", Usage(5, 3, 0)),
+    ]
+    kept, plain = ChoiceLog(keeps_logprobs=True), ChoiceLog()
+    for event in events:
+        kept.add(event)
+        plain.add(event)
+    reasoning, text, _ = kept.events()
+    assert reasoning == SpanGenerated("reasoning", "hm")  # only text spans keep theirs
+    assert isinstance(text, SpanGenerated) and text.logprobs is not None
+    assert logprobs_of(text.logprobs) == [hi, eos]
+    assert plain.events()[:2] == [SpanGenerated("reasoning", "hm"), SpanGenerated("text", "Hi")]
+
+
+def test_a_span_with_logprobs_round_trips_through_its_payload() -> None:
+    masked = TokenCandidate(4, "\ufffd", b"\xe2", float("-inf"))  # half a character, masked out
+    entry = TokenLogprobs(masked, "", [lp(2, b"Hi", "Hi").chosen, masked])
+    span = SpanGenerated("text", "", [4], [logprob_record(entry)])
+    kind, payload = encode_event(span)
+    decoded = decode_event(kind, payload)
+    assert decoded == span and logprobs_of(decoded.logprobs or []) == [entry]  # type: ignore[union-attr]
+    assert encode_event(SpanGenerated("text", "x", [1]))[1] == '{"channel":"text","text":"x","token_ids":[1]}'
 
 
 def test_history_is_messages_and_one_assistant_message_per_generated_turn() -> None:

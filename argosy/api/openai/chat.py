@@ -28,12 +28,13 @@ from argosy.api.framing import sse_frames
 from argosy.api.openai.chat_input import chat_input_from_wire
 from argosy.api.openai.common import (
     SamplingFields,
-    finite_logprob,
     render_error,
     respond,
+    token_logprob_json,
     usage_json,
 )
 from argosy.api.openai.content import text_of_parts
+from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
 from argosy.chat.events import (
     Event,
@@ -41,7 +42,6 @@ from argosy.chat.events import (
     LogprobsDelta,
     ReasoningDelta,
     TextDelta,
-    TokenCandidate,
     TokenLogprobs,
     ToolCallArgsDelta,
     ToolCallStart,
@@ -162,24 +162,10 @@ async def to_core(body: ChatCompletionRequest, service: ModelService) -> tuple[C
 # -- rendering ------------------------------------------------------------------------------
 
 
-def _candidate_json(candidate: TokenCandidate) -> dict[str, Any]:
-    return {
-        "token": candidate.token,
-        "logprob": finite_logprob(candidate.logprob),
-        "bytes": list(candidate.token_bytes),
-    }
-
-
 def logprobs_json(entries: list[TokenLogprobs]) -> dict[str, Any]:
     """OpenAI chat shape: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...],
     "refusal": null} (the spec requires both keys; no model here refuses as a channel)."""
-    return {
-        "content": [
-            {**_candidate_json(e.chosen), "top_logprobs": [_candidate_json(c) for c in e.top]}
-            for e in entries
-        ],
-        "refusal": None,
-    }
+    return {"content": [token_logprob_json(e) for e in entries], "refusal": None}
 
 
 async def _stream_chunks(
@@ -325,5 +311,6 @@ class ChatCompletionsRoute(ModelRoute[ChatCompletionRequest]):
 
 
 @router.post("/v1/chat/completions")
+@takes(ChatCompletionRequest, streams=True)
 async def chat_completions(request: Request) -> Response:
     return await run_route(request, ChatCompletionsRoute())

@@ -12,14 +12,14 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from argosy.api.errors import openai_error_body
 from argosy.api.framing import SSEResponse
 from argosy.api.transport import run_unless_disconnected
-from argosy.chat.events import Usage
+from argosy.chat.events import TokenCandidate, TokenLogprobs, Usage
 from argosy.core.stream import CoreStream
 from argosy.errors import ArgosyError
 from argosy.sampling_params import RequestSampling
@@ -75,14 +75,35 @@ StopField = Annotated[Any, BeforeValidator(_stop_list)]
 LogitBiasField = Annotated[Any, BeforeValidator(_logit_bias)]
 
 
-class StreamOptions(BaseModel):
+class WireModel(BaseModel):
+    """A request body (or part of one) as OpenAI reads it: a field sent as `null` is a field not
+    sent, so it takes its default (`"stream": null` is not streaming; the openai spec marks such
+    fields nullable and SDKs send nulls). Fields whose default is None already accept null."""
+
     model_config = ConfigDict(extra="allow", strict=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            key: value
+            for key, value in data.items()
+            if value is not None
+            or key not in fields
+            or fields[key].is_required()
+            or fields[key].default is None
+        }
+
+
+class StreamOptions(WireModel):
     include_usage: bool = False  # one last chunk, `choices: []`, with the whole usage
     continuous_usage_stats: bool = False  # every chunk carries the usage so far
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(WireModel):
     """The generation knobs both endpoints take, with OpenAI's ranges."""
 
     model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
@@ -151,6 +172,21 @@ def request_sampling(body: Any, *, max_tokens: int | None, logprobs: int | None 
 def finite_logprob(logprob: float | None) -> float | None:
     """JSON has no -inf: a token masked out entirely reports a very small number instead."""
     return logprob if logprob is None or math.isfinite(logprob) else -9999.0
+
+
+def candidate_json(candidate: TokenCandidate) -> dict[str, Any]:
+    """A token as OpenAI's logprobs list it: {token, logprob, bytes}."""
+    return {
+        "token": candidate.token,
+        "logprob": finite_logprob(candidate.logprob),
+        "bytes": list(candidate.token_bytes),
+    }
+
+
+def token_logprob_json(entry: TokenLogprobs) -> dict[str, Any]:
+    """One generated token with its alternatives: {token, logprob, bytes, top_logprobs: [...]},
+    the entry of chat's `logprobs.content` and of a Responses `output_text.logprobs`."""
+    return {**candidate_json(entry.chosen), "top_logprobs": [candidate_json(c) for c in entry.top]}
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from argosy.api.openai.common import (
     respond,
     usage_json,
 )
+from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
 from argosy.chat.events import Finish, PromptEcho, TextDelta, TokenLogprobs
 from argosy.core.recording import SessionSpec
@@ -67,6 +68,8 @@ def _prompts(value: Any) -> list[str | list[int]]:
 
 class CompletionRequest(SamplingFields):
     prompt: Annotated[Any, BeforeValidator(_prompts)]
+    # OpenAI's (and vLLM's) default for the legacy endpoint: 16 tokens, not the rest of the context
+    max_tokens: int | None = Field(16, ge=1)
     suffix: str | None = None
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -232,6 +235,7 @@ class CompletionsRoute(ModelRoute[CompletionRequest]):
 
 
 @router.post("/v1/completions")
+@takes(CompletionRequest, streams=True)
 async def completions(request: Request) -> Response:
     return await run_route(request, CompletionsRoute())
 

@@ -17,10 +17,12 @@ from typing import Any, Literal
 
 import numpy as np
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from argosy.api.openai.common import WireModel
+from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
 from argosy.core.embedding_service import EmbeddingService
 from argosy.errors import InvalidRequestError
@@ -30,9 +32,7 @@ router = APIRouter()
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
 
 
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class EmbeddingRequest(WireModel):
     model: str | None = None
     input: Any
     encoding_format: Literal["float", "base64"] = "float"
@@ -129,5 +129,6 @@ class EmbeddingsRoute(ModelRoute[EmbeddingRequest]):
 
 
 @router.post("/v1/embeddings")
+@takes(EmbeddingRequest)
 async def create_embeddings(request: Request) -> Response:
     return await run_route(request, EmbeddingsRoute())

@@ -13,6 +13,12 @@ Output: a turn's generated events become output items, grouped the way the strea
 one assistant `message`, each tool use one `function_call`. An output with no item at all is
 one empty message. Item ids are `{kind}_{response key}_{output index}`, so the response
 created, streamed and later retrieved name its items alike.
+
+Logprobs (`include: ["message.output_text.logprobs"]`): a message's `output_text` part lists
+the tokens of its text spans (the session keeps them: session_log.ChoiceLog), each as chat
+lists it; a token that accounts for none of the text (the end-of-sequence token, a token past
+a stop string) is left out, as OpenAI lists none, so the tokens' bytes join to the text.
+Without the include, `logprobs` is [] (the spec requires the key).
 """
 
 from __future__ import annotations
@@ -22,8 +28,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from argosy.api.openai.common import token_logprob_json
 from argosy.api.openai.content import text_of_parts
+from argosy.chat.events import TokenLogprobs
 from argosy.core.conversation import content_text
+from argosy.core.session_log import logprobs_of
 from argosy.errors import InvalidRequestError
 from argosy.sessions.events import Finished, MessageAppended, SessionEvent, SpanGenerated, ToolUsed
 from argosy.sessions.store import StoredEvent
@@ -168,6 +177,8 @@ def output_items(events: Sequence[SessionEvent], key: str) -> list[dict[str, Any
                 current = _new_item(kind, item_id(kind, key, len(items)))
                 items.append(current)
             current["content"][0]["text"] += event.text
+            if kind == "message" and event.logprobs:
+                current["content"][0]["logprobs"] += output_text_logprobs(logprobs_of(event.logprobs))
         elif isinstance(event, ToolUsed):
             current = function_call_item(item_id("function_call", key, len(items)), event)
             items.append(current)
@@ -203,6 +214,23 @@ def message_item(new_id: str, text: str, status: str = "completed") -> dict[str,
 
 def output_text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def output_text_logprobs(entries: Iterable[TokenLogprobs]) -> list[dict[str, Any]]:
+    """Tokens of an output_text part as its `logprobs` list them (see the module docstring)."""
+    return [token_logprob_json(entry) for entry in entries if _is_in_text(entry)]
+
+
+def _is_in_text(entry: TokenLogprobs) -> bool:
+    """Whether the token is part of the output text: it accounts for some of it, or holds part
+    of a character a later token completes (its bytes alone are no whole UTF-8 text)."""
+    if entry.text:
+        return True
+    try:
+        entry.chosen.token_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def function_call_item(new_id: str, call: ToolUsed, status: str = "completed") -> dict[str, Any]:

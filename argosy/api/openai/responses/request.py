@@ -7,8 +7,15 @@ structured output work as they do for chat completions. `build_turn` renders the
 conversation + the new input through the chat layer and, for a continuation, extends the
 previous turn's token ids (conversation.continued_prompt).
 
-Accepted but not honoured, named in x-argosy-degraded: `include`, `truncation: "auto"`,
-`background`, `top_logprobs`, `max_tool_calls`, `prompt`; as the model decides,
+`include: ["message.output_text.logprobs"]` is honoured: output_text parts (and their stream
+deltas) carry each token's logprobs with `top_logprobs` alternatives (0..20). `top_logprobs`
+without that include has no effect, as on OpenAI (which returns no logprobs then), so it is not
+named as degraded. The other values OpenAI knows (IncludeEnum) ask for what this server has
+none of (tool call results, image urls): accepted, named in x-argosy-degraded as `include`;
+`reasoning.encrypted_content` is refused, as is a value OpenAI does not know.
+
+Accepted but not honoured, named in x-argosy-degraded: `include` (but the logprobs),
+`truncation: "auto"`, `background`, `max_tool_calls`, `prompt`; as the model decides,
 `reasoning.effort` (a template that does not read it) and what the chat layer reports
 (`text.format` when a forced call overrides it, `tools` next to a JSON format). Refused:
 `conversation` (use previous_response_id), non-function tools, media parts.
@@ -19,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from argosy.api.openai.common import request_sampling
+from argosy.api.openai.common import WireModel, request_sampling
 from argosy.api.openai.responses.store import StoredResponse
 from argosy.chat.messages import ChatInput, Message, OutputFormat, ToolChoice, ToolDefinition
 from argosy.core.chat_request import PreparedChat, prepare_chat
@@ -29,7 +36,7 @@ from argosy.core.constraints import check_chat_options
 from argosy.core.conversation import chat_message, continued_prompt, generated_token_ids, history_messages
 from argosy.core.service import ModelService
 from argosy.errors import InvalidRequestError
-from argosy.sampling_params import RequestSampling
+from argosy.sampling_params import MAX_LOGPROBS, RequestSampling
 from argosy.sessions.events import MessageAppended
 
 _TOOL_CHOICES = ("auto", "none", "required")
@@ -42,10 +49,23 @@ _CONTINUED_FROM = ("continued", "extended")
 # OpenAI's ReasoningEffort values (passed to a template that reads `reasoning_effort`)
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
+# OpenAI's IncludeEnum: the logprobs are honoured, the encrypted reasoning refused, the rest
+# (what tools this server does not have would return, input image urls) accepted, degraded.
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
+INCLUDE_ENCRYPTED_REASONING = "reasoning.encrypted_content"
+INCLUDE_VALUES = (
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    INCLUDE_ENCRYPTED_REASONING,
+    INCLUDE_LOGPROBS,
+)
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
 
+class ResponsesRequest(WireModel):
     model: str | None = None
     input: Any = None
     instructions: str | None = None
@@ -70,11 +90,11 @@ class ResponsesRequest(BaseModel):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
     ignore_eos: bool = False
+    include: list[str] | None = None  # the logprobs honoured; see the module docstring
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # with the logprobs include
     # accepted, not honoured (degraded_fields)
-    include: list[str] | None = None
     truncation: str | None = None
     background: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
     max_tool_calls: int | None = None
     prompt: Any = None
     conversation: Any = None
@@ -108,7 +128,13 @@ class ResponsesRequest(BaseModel):
             raise InvalidRequestError(
                 "background responses must be stored: 'background': true needs 'store': true.", "background"
             )
-        if "reasoning.encrypted_content" in (self.include or []):
+        for value in self.include or []:
+            if value not in INCLUDE_VALUES:
+                raise InvalidRequestError(
+                    f"Invalid value in 'include': {value!r}. Supported values are: {', '.join(INCLUDE_VALUES)}.",
+                    "include",
+                )
+        if INCLUDE_ENCRYPTED_REASONING in (self.include or []):
             raise InvalidRequestError(
                 "'reasoning.encrypted_content' cannot be included: this server does not encrypt reasoning "
                 "(continue a conversation with previous_response_id instead).",
@@ -121,6 +147,10 @@ class ResponsesRequest(BaseModel):
                 "reasoning.effort",
             )
         check_chat_options(self.tool_definitions(), self.neutral_tool_choice(), self.output_format())
+
+    @property
+    def includes_logprobs(self) -> bool:
+        return INCLUDE_LOGPROBS in (self.include or [])
 
     @property
     def text_format(self) -> dict[str, Any]:
@@ -177,16 +207,16 @@ class ResponsesRequest(BaseModel):
     def degraded_fields(self) -> list[str]:
         """Fields never honoured; the model-dependent ones come from build_turn."""
         asks = {
-            "include": bool(self.include),
+            "include": any(value != INCLUDE_LOGPROBS for value in self.include or []),
             "truncation": self.truncation == "auto",
-            "top_logprobs": bool(self.top_logprobs),
             "max_tool_calls": self.max_tool_calls is not None,
             "prompt": self.prompt is not None,
         }
         return [name for name, is_asked in asks.items() if is_asked]
 
     def sampling(self) -> RequestSampling:
-        return request_sampling(self, max_tokens=self.max_output_tokens)
+        logprobs = (self.top_logprobs or 0) if self.includes_logprobs else None
+        return request_sampling(self, max_tokens=self.max_output_tokens, logprobs=logprobs)
 
     def echo(self, model_id: str, created_at: int) -> dict[str, Any]:
         """The request fields a Response object repeats."""
@@ -207,6 +237,7 @@ class ResponsesRequest(BaseModel):
             "tool_choice": self.tool_choice if self.tool_choice is not None else "auto",
             "tools": self.tools or [],
             "top_p": self.top_p,
+            "top_logprobs": self.top_logprobs,
             "user": self.user,
             "metadata": self.metadata or {},
             "background": bool(self.background),

@@ -47,6 +47,7 @@ from argosy.api.openai.responses.store import (
     stored_response_json,
 )
 from argosy.api.openai.responses.stream import ResponseStreamRenderer
+from argosy.api.openapi import SSE_EVENT, query, takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
 from argosy.core.recording import SessionRecorder, SessionSpec
 from argosy.core.registry import ModelRegistry
@@ -137,7 +138,12 @@ class CreateResponseRoute(ModelRoute[ResponsesRequest]):
             "input_from_seq": input_from,
             "output_from_seq": input_from + len(inputs),
         }
-        spec = SessionSpec(inputs=[list(inputs)], metadata=metadata, is_ephemeral=not body.store)
+        spec = SessionSpec(
+            inputs=[list(inputs)],
+            metadata=metadata,
+            is_ephemeral=not body.store,
+            keeps_logprobs=body.includes_logprobs,  # a retrieved response lists them too
+        )
         core_request = turn.prepared.core_request(
             body.sampling(), batch_invariant=body.batch_invariant, session=spec, prompt_param="input"
         )
@@ -190,6 +196,7 @@ class CreateResponseRoute(ModelRoute[ResponsesRequest]):
 
 
 @router.post("/v1/responses")
+@takes(ResponsesRequest, streams=True)
 async def create_response(request: Request) -> Response:
     return await run_route(request, CreateResponseRoute())
 
@@ -282,7 +289,16 @@ def _sse(events: AsyncIterator[dict[str, Any]], late_degraded: list[str]) -> Asy
 # -- retrieve, delete, input items ---------------------------------------------------------------
 
 
-@router.get("/v1/responses/{response_id}")
+@router.get(
+    "/v1/responses/{response_id}",
+    responses={200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}}},
+    openapi_extra={
+        "parameters": [
+            query("stream", {"type": "boolean"}, "Replay a background response's events, then follow it."),
+            query("starting_after", {"type": "integer"}, "With stream: the sequence number to resume after."),
+        ]
+    },
+)
 async def retrieve_response(request: Request, response_id: str) -> Response:
     """The stored response; `?stream=true` (a background response) replays its stream events
     after `starting_after` and follows it live."""
@@ -338,7 +354,16 @@ async def delete_response(request: Request, response_id: str) -> JSONResponse:
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
-@router.get("/v1/responses/{response_id}/input_items")
+@router.get(
+    "/v1/responses/{response_id}/input_items",
+    openapi_extra={
+        "parameters": [
+            query("order", {"type": "string", "enum": ["asc", "desc"]}, "Item order (default desc)."),
+            query("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "Items per page (default 20)."),
+            query("after", {"type": "string"}, "Start after this item id."),
+        ]
+    },
+)
 async def list_input_items(request: Request, response_id: str) -> JSONResponse:
     """Everything the response was generated from, as items: earlier turns (their inputs and
     outputs) and its own input. `order` asc|desc (default desc), `limit` 1..100 (20),

@@ -147,6 +147,7 @@ def response_json(
         "tool_choice": echo.get("tool_choice", "auto"),
         "tools": [tool_json(tool) for tool in echo.get("tools", [])],
         "top_p": echo.get("top_p"),
+        "top_logprobs": echo.get("top_logprobs"),
         "truncation": "disabled",
         "metadata": echo.get("metadata") or {},
         "background": bool(echo.get("background", False)),

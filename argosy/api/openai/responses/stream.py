@@ -8,6 +8,11 @@
     response.output_item.done,
     then response.completed (or response.incomplete / response.failed).
 
+Logprobs (when included): a LogprobsDelta's tokens go to the next event that carries
+something, as the session log gives them to spans (session_log.ChoiceLog), leftovers to the
+last item; a message's go on its `output_text.delta` events (those of that delta) and its
+part (all of them, also on `output_text.done`); other items' are dropped.
+
 Every event carries `sequence_number` (0, 1, 2, ...). Items are grouped as
 responses_items.output_items groups a stored turn (a run of one channel is one item; each
 tool call its own), and get the same ids, so the streamed, the stored and the retrieved
@@ -19,11 +24,19 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from argosy.api.openai.responses.items import function_call_item, item_id, message_item, output_text_part
+from argosy.api.openai.responses.items import (
+    function_call_item,
+    item_id,
+    message_item,
+    output_text_logprobs,
+    output_text_part,
+)
 from argosy.chat.events import (
     Finish,
+    LogprobsDelta,
     ReasoningDelta,
     TextDelta,
+    TokenLogprobs,
     ToolCallArgsDelta,
     ToolCallEnd,
     ToolCallStart,
@@ -43,6 +56,7 @@ class ResponseStreamRenderer:
         self._num_events = 0
         self._current: dict[str, Any] | None = None
         self._call_items: dict[int, dict[str, Any]] = {}
+        self._pending_logprobs: list[TokenLogprobs] = []  # for the next event that carries something
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         payload = {"type": kind, **fields, "sequence_number": self._num_events}
@@ -55,11 +69,16 @@ class ResponseStreamRenderer:
     def on_event(self, event: Any) -> list[dict[str, Any]]:
         if getattr(event, "index", 0) != 0:
             return []
+        if isinstance(event, LogprobsDelta):
+            self._pending_logprobs += event.logprobs
+            return []
         if isinstance(event, TextDelta):
+            self._pending_logprobs += event.logprobs or []
             return self._text("message", event.text)
         if isinstance(event, ReasoningDelta):
             return self._text("reasoning", event.text)
         if isinstance(event, ToolCallStart):
+            self._pending_logprobs = []
             out = self._close()
             new_id = item_id("function_call", self.key, len(self.items))
             item = function_call_item(new_id, ToolUsed(event.call_id, event.name, ""), status="in_progress")
@@ -70,6 +89,7 @@ class ResponseStreamRenderer:
                 self.event("response.output_item.added", output_index=self._index(), item=_copy(item)),
             ]
         if isinstance(event, ToolCallArgsDelta):
+            self._pending_logprobs = []
             item = self._call_items[event.call_index]
             item["arguments"] += event.fragment
             return [
@@ -92,6 +112,9 @@ class ResponseStreamRenderer:
         out: list[dict[str, Any]] = []
         if not self.items:
             out += self._open_text_item("message")
+        if self.items[-1]["type"] == "message":  # leftovers join the last item (if a message)
+            self.items[-1]["content"][0]["logprobs"] += output_text_logprobs(self._pending_logprobs)
+        self._pending_logprobs = []
         out += self._close("incomplete" if reason == "length" else "completed")
         return out
 
@@ -115,7 +138,9 @@ class ResponseStreamRenderer:
         item["content"][0]["text"] += text
         delta: dict[str, Any] = {"item_id": item["id"], "output_index": self._index(), "content_index": 0}
         if kind == "message":
-            delta["logprobs"] = []
+            delta["logprobs"] = output_text_logprobs(self._pending_logprobs)
+            item["content"][0]["logprobs"] += delta["logprobs"]
+        self._pending_logprobs = []
         out.append(self.event(f"{_TEXT_EVENT_OF[kind]}.delta", **delta, delta=text))
         return out
 
@@ -154,7 +179,7 @@ class ResponseStreamRenderer:
             part = item["content"][0]
             done: dict[str, Any] = {"item_id": item["id"], "output_index": index, "content_index": 0}
             if item["type"] == "message":
-                done["logprobs"] = []
+                done["logprobs"] = list(part["logprobs"])
             out.append(self.event(f"{_TEXT_EVENT_OF[item['type']]}.done", **done, text=part["text"]))
             out.append(
                 self.event(

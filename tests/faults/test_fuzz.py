@@ -1,0 +1,107 @@
+"""Fuzzing a real server (SmolLM2 and MiniLM) from its own OpenAPI document and OpenAI's.
+
+The CI budget is FUZZ_EXAMPLES examples per operation and generation mode (a few minutes in
+all); `make fuzz` runs the same with ARGOSY_FUZZ_EXAMPLES raised past 10,000 cases in total.
+The verdict: no 5xx, no answer outside its documented schema or media type (tests/faults/fuzz.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.server import ServerProcess
+from tests.faults.fuzz import FuzzReport, fuzz, openai_schema, own_schema
+
+FUZZ_EXAMPLES = int(os.environ.get("ARGOSY_FUZZ_EXAMPLES", "24"))
+FUZZ_SEED = int(os.environ.get("ARGOSY_FUZZ_SEED", "20261201"))
+MODELS = {"/completions": "smollm2", "/responses": "smollm2", "/embeddings": "minilm"}
+MODELS_TOML = """
+[[model]]
+id = "smollm2"
+source = "smollm2"
+quantization = "none"
+compile = "off"
+max_model_len = 1024
+
+[[model]]
+id = "minilm"
+source = "minilm"
+aliases = ["all-MiniLM-L6-v2"]
+"""
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    toml: Path = tmp_path_factory.mktemp("fuzz") / "models.toml"
+    toml.write_text(MODELS_TOML)
+    server = ServerProcess(
+        model=None,  # type: ignore[arg-type]
+        quantization=None,
+        compile=None,
+        extra_flags=["--models", str(toml)],
+        startup_timeout_s=600,
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def stored_responses(base_url: str) -> list[str]:
+    """Two real stored responses (one a background one), so id-taking routes see real ids."""
+    ids = []
+    for background in (False, True):
+        body = {"model": "smollm2", "input": "Say hi.", "max_output_tokens": 16, "background": background}
+        response = httpx.post(f"{base_url}/v1/responses", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        ids.append(response.json()["id"])
+    return ids
+
+
+def assert_clean(report: FuzzReport, fuzz_server: ServerProcess) -> None:
+    print(f"fuzz total: {report.summary()}")
+    for refusal, count in report.refusals.most_common(15):
+        print(f"fuzz refused (positive case) {count}x {refusal}")
+    assert report.cases > 0
+    listed = "\n".join(report.failures[:20])
+    assert not report.failures, f"{len(report.failures)} failures, first ones:\n{listed}"
+    assert fuzz_server.process is not None and fuzz_server.process.poll() is None  # still up
+    assert httpx.get(f"{fuzz_server.base_url}/health", timeout=10).status_code == 200
+
+
+def test_fuzz_own_openapi_document(fuzz_server: ServerProcess) -> None:
+    report = FuzzReport()
+    base_url = fuzz_server.base_url
+    ids = stored_responses(base_url)
+    fuzz(
+        own_schema(base_url),
+        base_url,
+        report,
+        examples=FUZZ_EXAMPLES,
+        seed=FUZZ_SEED,
+        path_parameters={"response_id": ids},
+        models=MODELS,
+    )
+    assert_clean(report, fuzz_server)
+
+
+def test_fuzz_openai_published_spec(fuzz_server: ServerProcess) -> None:
+    report = FuzzReport()
+    base_url = fuzz_server.base_url
+    ids = stored_responses(base_url)
+    fuzz(
+        openai_schema(),
+        f"{base_url}/v1",
+        report,
+        examples=FUZZ_EXAMPLES,
+        seed=FUZZ_SEED,
+        path_parameters={"response_id": ids, "model": ["smollm2", "minilm"]},
+        models=MODELS,
+    )
+    assert_clean(report, fuzz_server)
