@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.e2e.server import ServerProcess
-from tests.e2e.test_seeded_invariance import seeded_text
+from tests.e2e.test_seeded_invariance import CACHE_HIT_XFAIL, texts_on_miss_and_hits
 
 MODEL = "smollm2-default"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -99,12 +99,8 @@ def test_concurrent_requests_use_both_weight_kinds(
     assert "Traceback" not in log and " error argosy" not in log.lower()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16: in the default mode a prefix-cache hit sends the prompt's uncached tail through "
-    "the int4 kernel where the miss ran bf16 prefill weights, so the seeded text changes",
-)
+@CACHE_HIT_XFAIL
 def test_seeded_text_is_the_same_on_a_cache_miss_and_hits(client: openai.OpenAI) -> None:
     """tests/e2e/test_seeded_invariance.py's invariant, in the default mode."""
-    texts = [seeded_text(client, MODEL) for _ in range(3)]  # the 2nd and 3rd: prefix-cache hits
+    texts = texts_on_miss_and_hits(client, MODEL)
     assert texts[0] and texts.count(texts[0]) == 3, texts

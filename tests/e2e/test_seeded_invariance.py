@@ -1,12 +1,13 @@
 """The seeded-request invariant: the same request with the same `seed` gives the same text
 whether or not its prefix was cached and whatever else runs beside it.
 
-In bf16 (the e2e server's mode) it holds for a cache miss and the hits after it, and with
-`batch_invariant` beside other requests. In the default mode (int4 decode, bf16 prefill) a
-prefix-cache hit still changes the text (the prompt's uncached tail goes through another
-kernel): that mode's test (test_default_mode_server.py, on its server) is a strict xfail until
-the numerics issue (issue 16) makes the kernels agree; it then passes and the marker must go,
-so the invariant stays fixed.
+Beside other requests it holds today with `batch_invariant` (the request is scheduled alone).
+Across a prefix-cache hit it does not hold yet, in bf16 as in the default mode: the miss runs
+the whole prompt as one prefill (81 rows), the hit only its uncached tail (1 row), and the
+matmul and attention kernels round differently for the two shapes (measured 2026-12-01 on this
+prompt: the hit's text differs from the miss's in both modes). Those tests are strict xfails on
+the numerics issue (issue 16): once it makes the kernels shape-invariant they pass, strict
+turns the pass into a failure, and the marker must go, so the invariant then stays fixed.
 """
 
 from __future__ import annotations
@@ -14,14 +15,21 @@ from __future__ import annotations
 import concurrent.futures
 
 import openai
+import pytest
 
-SEEDED = {
-    "messages": [{"role": "user", "content": "Invent a name for a small boat and describe it."}],
-    "temperature": 0.9,
-    "seed": 7,
-    "max_tokens": 32,
-}
+# long enough that a repeat is a prefix-cache hit of all but its last token
+PROMPT = (
+    "You are helping a sailor. The sailor owns a small wooden boat with a red sail, two oars and a "
+    "brass bell, and keeps it in a quiet harbour near an old lighthouse. Invent a name for the boat "
+    "and describe it in two sentences."
+)
+SEEDED = {"messages": [{"role": "user", "content": PROMPT}], "temperature": 0.9, "seed": 7, "max_tokens": 32}
 NEIGHBOURS = [f"Write one sentence about the number {i}." for i in range(6)]
+CACHE_HIT_XFAIL = pytest.mark.xfail(
+    strict=True,
+    reason="issue 16: a prefix-cache hit runs the prompt's uncached tail through kernels whose "
+    "rounding depends on the row count, so the seeded text changes",
+)
 
 
 def seeded_text(client: openai.OpenAI, model: str, **extra: object) -> str:
@@ -29,12 +37,19 @@ def seeded_text(client: openai.OpenAI, model: str, **extra: object) -> str:
     return reply.choices[0].message.content or ""
 
 
+def texts_on_miss_and_hits(client: openai.OpenAI, model: str) -> list[str]:
+    """The seeded request three times on a fresh prompt: a miss, then two prefix-cache hits."""
+    return [seeded_text(client, model) for _ in range(3)]
+
+
+@CACHE_HIT_XFAIL
 def test_seeded_text_is_the_same_on_a_cache_miss_and_hits(client: openai.OpenAI) -> None:
-    texts = [seeded_text(client, "smollm2-test") for _ in range(3)]  # the 2nd and 3rd: prefix hits
+    texts = texts_on_miss_and_hits(client, "smollm2-test")
     assert texts[0] and texts.count(texts[0]) == 3, texts
 
 
 def test_seeded_text_is_the_same_beside_other_requests(client: openai.OpenAI) -> None:
+    seeded_text(client, "smollm2-test")  # the prompt is cached from here on: both runs below hit it
     alone = seeded_text(client, "smollm2-test", batch_invariant=True)
 
     def neighbour(prompt: str) -> None:

@@ -96,7 +96,7 @@ class BackgroundJob:
     async def follow(self, starting_after: int | None = None) -> AsyncIterator[dict[str, Any]]:
         """The job's events after sequence number `starting_after` (all when None), then the
         live ones until it ends."""
-        position = 0 if starting_after is None else starting_after + 1
+        position = 0 if starting_after is None else max(0, starting_after + 1)  # never a negative index
         while True:
             async with self._changed:
                 while position >= len(self.events) and not self.is_done:

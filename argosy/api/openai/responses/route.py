@@ -295,7 +295,11 @@ def _sse(events: AsyncIterator[dict[str, Any]], late_degraded: list[str]) -> Asy
     openapi_extra={
         "parameters": [
             query("stream", {"type": "boolean"}, "Replay a background response's events, then follow it."),
-            query("starting_after", {"type": "integer"}, "With stream: the sequence number to resume after."),
+            query(
+                "starting_after",
+                {"type": "integer", "minimum": 0},
+                "With stream: the sequence number to resume after.",
+            ),
         ]
     },
 )
@@ -322,8 +326,10 @@ def _starting_after(request: Request) -> int | None:
     value = request.query_params.get("starting_after")
     if value is None:
         return None
-    if not value.lstrip("-").isdigit():
-        raise InvalidRequestError(f"starting_after must be an integer, got {value!r}.", "starting_after")
+    if not (value.isascii() and value.isdigit()):  # sequence numbers start at 0
+        raise InvalidRequestError(
+            f"starting_after must be a sequence number (an integer >= 0), got {value!r}.", "starting_after"
+        )
     return int(value)
 
 
