@@ -225,8 +225,10 @@ def one_at_a_time() -> Iterator[ServerProcess]:
 
 
 def test_max_loaded_models_unloads_and_reloads(one_at_a_time: ServerProcess) -> None:
+    # retries as a client honouring Retry-After does: a load longer than this server's 2 s
+    # --model-load-timeout (a busy CI machine) is a 503 the next try gets past
     client = openai.OpenAI(
-        base_url=f"{one_at_a_time.base_url}/v1", api_key="unused", max_retries=0, timeout=120
+        base_url=f"{one_at_a_time.base_url}/v1", api_key="unused", max_retries=5, timeout=120
     )
     before = ask(client, "chat")
     client.embeddings.create(model="minilm", input="hello")  # unloads chat

@@ -33,6 +33,7 @@ from schemathesis.checks import content_type_conformance, not_a_server_error, re
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
+from argosy.api.openapi import SSE_EVENT
 from tests.openai_schema import SPEC_PATH, with_nullable
 
 CHECKS = [not_a_server_error, response_schema_conformance, content_type_conformance]
@@ -74,8 +75,21 @@ def openai_schema() -> OpenApiSchema:
       POST /responses/{id}/cancel) as the `ErrorResponse` envelope `{"error": Error}` that the
       API sends on every error and the openai SDK reads (`body["error"]`);
     - an embedding as a list of floats or, with `encoding_format: "base64"`, the base64 string
-      the API sends (the document lists only the floats)."""
+      the API sends (the document lists only the floats);
+    - the SSE streams the API sends where the document lists only JSON (a streamed completion,
+      GET /responses/{id}?stream=true). Schemathesis checks each event of a stream as the
+      object {event, data, id} against the documented schema, where OpenAI's document names the
+      JSON inside `data`: every stream is checked here as events with a string `data`, and the
+      JSON chunks and events themselves against OpenAI's schemas in tests/e2e/test_openai_schema.py."""
     document = with_nullable(json.loads(SPEC_PATH.read_text()))
+    paths = document["paths"]
+    for operation in (
+        paths["/chat/completions"]["post"],
+        paths["/completions"]["post"],
+        paths["/responses"]["post"],
+        paths["/responses/{response_id}"]["get"],
+    ):
+        operation["responses"]["200"]["content"]["text/event-stream"] = {"schema": SSE_EVENT}
     embedding = document["components"]["schemas"]["Embedding"]["properties"]
     embedding["embedding"] = {"anyOf": [embedding["embedding"], {"type": "string"}]}
     for operations in document["paths"].values():
