@@ -14,7 +14,16 @@ from starlette.responses import JSONResponse
 from starlette.types import Scope
 
 from argosy.api import admin
-from argosy.api.errors import APIError, headers_of, internal_error, openai_error_body, status_of
+from argosy.api.anthropic import messages as anthropic_messages
+from argosy.api.errors import (
+    APIError,
+    anthropic_error_body,
+    anthropic_status_of,
+    headers_of,
+    internal_error,
+    openai_error_body,
+    status_of,
+)
 from argosy.api.openai import chat as openai_chat
 from argosy.api.openai import completions as openai_completions
 from argosy.api.openai import embeddings as openai_embeddings
@@ -31,26 +40,30 @@ from argosy.errors import ArgosyError, InvalidRequestError
 log = logging.getLogger("argosy.access")
 
 ErrorRenderer = Callable[[ArgosyError], dict[str, Any]]
+ErrorStatus = Callable[[ArgosyError], int]
 
 
 class ErrorRenderers:
-    """Each dialect's error envelope, registered by route path (not by prefix): an error on a
-    route renders in that route's dialect; anything else, unknown routes included, in
-    OpenAI's."""
+    """Each dialect's error envelope and statuses, registered by route path (not by prefix):
+    an error on a route renders in that route's dialect; anything else, unknown routes
+    included, in OpenAI's."""
 
-    def __init__(self, default: ErrorRenderer = openai_error_body) -> None:
-        self.default = default
-        self._by_path: dict[str, ErrorRenderer] = {}
+    def __init__(self, default: ErrorRenderer = openai_error_body, status: ErrorStatus = status_of) -> None:
+        self.default = (default, status)
+        self._by_path: dict[str, tuple[ErrorRenderer, ErrorStatus]] = {}
 
-    def register(self, path: str, render: ErrorRenderer) -> None:
-        self._by_path[path] = render
+    def register(self, path: str, render: ErrorRenderer, status: ErrorStatus = status_of) -> None:
+        self._by_path[path] = (render, status)
 
-    def for_scope(self, scope: Scope) -> ErrorRenderer:
+    def dialect_for(self, scope: Scope) -> tuple[ErrorRenderer, ErrorStatus]:
         route = scope.get("route")
         path_format = getattr(route, "path", None) if route is not None else None
         if path_format is not None and path_format in self._by_path:
             return self._by_path[path_format]
         return self._by_path.get(scope.get("path", ""), self.default)
+
+    def for_scope(self, scope: Scope) -> ErrorRenderer:
+        return self.dialect_for(scope)[0]
 
 
 def _renderers(request_or_scope: Any) -> ErrorRenderers:
@@ -60,8 +73,8 @@ def _renderers(request_or_scope: Any) -> ErrorRenderers:
 
 
 def error_response(scope: Scope, error: ArgosyError) -> JSONResponse:
-    render = _renderers(scope).for_scope(scope)
-    return JSONResponse(render(error), status_code=status_of(error), headers=headers_of(error))
+    render, status = _renderers(scope).dialect_for(scope)
+    return JSONResponse(render(error), status_code=status(error), headers=headers_of(error))
 
 
 async def _on_argosy_error(request: Request, exc: Exception) -> JSONResponse:
@@ -102,7 +115,11 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 # the routes that start generations (counted as arriving at the engine, see ArrivalMiddleware)
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+
+
+# the routes that answer in Anthropic's error envelope
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 def build_app(
@@ -120,6 +137,8 @@ def build_app(
     app.state.sessions = sessions
     app.state.preloaded = preloaded if preloaded is not None else [registry.entries[0].spec.id]
     app.state.error_renderers = ErrorRenderers()
+    for path in ANTHROPIC_PATHS:
+        app.state.error_renderers.register(path, anthropic_error_body, anthropic_status_of)
     routers = [
         module.router
         for module in (
@@ -129,6 +148,7 @@ def build_app(
             openai_completions,
             openai_responses,
             openai_embeddings,
+            anthropic_messages,
         )
     ]
     for router in routers:

@@ -68,6 +68,36 @@ def openai_error_body(error: ArgosyError) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": error_type, "param": error.param, "code": error.code}}
 
 
+# kind -> (HTTP status, Anthropic error type). Anthropic answers a busy or still-loading
+# server with 529 overloaded_error (its SDK retries it), and has no 503 or 507.
+ANTHROPIC_ERROR_TABLE: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "invalid_request_error"),
+    "context_length_exceeded": (400, "invalid_request_error"),
+    "not_found": (404, "not_found_error"),
+    "method_not_allowed": (405, "invalid_request_error"),
+    "payload_too_large": (413, "request_too_large"),
+    "rate_limited": (429, "rate_limit_error"),  # no such kind is raised yet (per-key limits)
+    "model_loading": (529, "overloaded_error"),
+    "overloaded": (529, "overloaded_error"),
+    "storage_unavailable": (529, "overloaded_error"),
+    "storage_full": (500, "api_error"),
+    "model_load_error": (500, "api_error"),
+    "internal_error": (500, "api_error"),
+}
+_ANTHROPIC_FALLBACK = ANTHROPIC_ERROR_TABLE["internal_error"]
+
+
+def anthropic_status_of(error: ArgosyError) -> int:
+    return ANTHROPIC_ERROR_TABLE.get(error.kind, _ANTHROPIC_FALLBACK)[0]
+
+
+def anthropic_error_body(error: ArgosyError) -> dict[str, Any]:
+    """Anthropic's envelope: {"type": "error", "error": {"type", "message"}} (no param: the
+    message names the field)."""
+    error_type = ANTHROPIC_ERROR_TABLE.get(error.kind, _ANTHROPIC_FALLBACK)[1]
+    return {"type": "error", "error": {"type": error_type, "message": error.message}}
+
+
 def internal_error(exc: BaseException) -> ArgosyError:
     return ArgosyError(f"Internal error: {type(exc).__name__}: {exc}")
 

@@ -5,7 +5,8 @@ because the model routes read their bodies themselves (argosy/api/route.py):
 - the request body of each route marked with `takes(Model)`: the pydantic model's JSON schema
   (all models' definitions in components/schemas, names made unique by pydantic);
 - the media types it answers with: JSON, and an SSE stream where `streams=True`;
-- the error envelope on every 4xx and 5xx (`{"error": {"message", "type", "param", "code"}}`);
+- the error envelope on every 4xx and 5xx (`{"error": {"message", "type", "param", "code"}}`,
+  or Anthropic's `{"type": "error", "error": {"type", "message"}}` on its routes);
 - query parameters the handler reads, from `query(...)` in the route's `openapi_extra`.
 
 tests/faults/test_fuzz.py fuzzes the server against this document (and the OpenAI routes
@@ -47,6 +48,21 @@ ERROR_SCHEMA: dict[str, Any] = {
 }
 
 
+ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
+ERROR_SCHEMAS = {"Error": ERROR_SCHEMA, "AnthropicError": ANTHROPIC_ERROR_SCHEMA}
+
+
 # one server-sent event, as schemathesis checks each event of a stream
 SSE_EVENT: dict[str, Any] = {
     "type": "object",
@@ -55,12 +71,17 @@ SSE_EVENT: dict[str, Any] = {
 }
 
 
-def takes(body: type[BaseModel], *, streams: bool = False) -> Callable[[EndpointT], EndpointT]:
+def takes(
+    body: type[BaseModel], *, streams: bool = False, errors: str = "Error"
+) -> Callable[[EndpointT], EndpointT]:
     """Mark an endpoint as reading a JSON body of type `body`; `streams`: it answers with an
-    SSE stream when the body asks for one."""
+    SSE stream when the body asks for one; `errors`: its error envelope (a key of
+    ERROR_SCHEMAS)."""
+    if errors not in ERROR_SCHEMAS:
+        raise ValueError(f"unknown error envelope {errors!r}")
 
     def mark(endpoint: EndpointT) -> EndpointT:
-        setattr(endpoint, _BODY, (body, streams))
+        setattr(endpoint, _BODY, (body, streams, errors))
         return endpoint
 
     return mark
@@ -79,12 +100,14 @@ def openapi_document(app: FastAPI, routers: list[APIRouter]) -> dict[str, Any]:
     routes = [route for router in routers for route in router.routes if isinstance(route, APIRoute)]
     marked = [(route, getattr(route.endpoint, _BODY)) for route in routes if hasattr(route.endpoint, _BODY)]
     refs, definitions = models_json_schema(
-        [(body, "validation") for _, (body, _) in marked], ref_template=_SCHEMAS + "{model}"
+        [(body, "validation") for _, (body, _, _) in marked], ref_template=_SCHEMAS + "{model}"
     )
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     schemas.update(definitions.get("$defs", {}))
-    schemas["Error"] = ERROR_SCHEMA
-    bodies = {id(route): (refs[(body, "validation")], streams) for route, (body, streams) in marked}
+    schemas.update(ERROR_SCHEMAS)
+    bodies = {
+        id(route): (refs[(body, "validation")], streams, errors) for route, (body, streams, errors) in marked
+    }
     for route in routes:
         for method in route.methods or ():
             operation = document["paths"][route.path_format][method.lower()]
@@ -94,18 +117,20 @@ def openapi_document(app: FastAPI, routers: list[APIRouter]) -> dict[str, Any]:
                     "required": True,
                     "content": {"application/json": {"schema": body[0]}},
                 }
-            _document_responses(operation, streams=body is not None and body[1])
+            _document_responses(
+                operation, streams=body is not None and body[1], errors=body[2] if body else "Error"
+            )
     app.openapi_schema = document
     return document
 
 
-def _document_responses(operation: dict[str, Any], *, streams: bool) -> None:
+def _document_responses(operation: dict[str, Any], *, streams: bool, errors: str) -> None:
     responses = operation.setdefault("responses", {})
     ok = responses.setdefault("200", {"description": "Successful Response"})
     content = ok.setdefault("content", {"application/json": {"schema": {}}})
     if streams:
         content["text/event-stream"] = {"schema": SSE_EVENT}
     responses.pop("422", None)  # FastAPI's validation error: this server answers 400 instead
-    error = {"content": {"application/json": {"schema": {"$ref": _SCHEMAS + "Error"}}}}
+    error = {"content": {"application/json": {"schema": {"$ref": _SCHEMAS + errors}}}}
     responses.setdefault("4XX", {"description": "The request is refused", **error})
     responses.setdefault("5XX", {"description": "The server could not serve it", **error})

@@ -85,6 +85,10 @@ class ModelRoute(Generic[BodyT]):
         name: str | None = getattr(body, "model", None)
         return name
 
+    def error_status(self, error: ArgosyError) -> int:
+        """The HTTP status this route's dialect answers `error` with (for the request events)."""
+        return status_of(error)
+
     def qos(self, body: BodyT, request: Request) -> str:
         return request_qos(getattr(body, "priority", None), request.headers.get(QOS_HEADER))
 
@@ -118,7 +122,7 @@ async def run_route(request: Request, route: ModelRoute[Any]) -> Response:
         response = await route.serve(body, lease.service, call)
     except ArgosyError as exc:
         if call is None or call.stream is None:
-            pipeline.emit(ctx, "rejected", status_of(exc), exc.message)
+            pipeline.emit(ctx, "rejected", route.error_status(exc), exc.message)
         raise
     finally:
         if lease is not None and (call is None or call.stream is None):

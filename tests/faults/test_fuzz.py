@@ -19,7 +19,13 @@ from tests.faults.fuzz import FuzzReport, fuzz, openai_schema, own_schema
 
 FUZZ_EXAMPLES = int(os.environ.get("ARGOSY_FUZZ_EXAMPLES", "24"))
 FUZZ_SEED = int(os.environ.get("ARGOSY_FUZZ_SEED", "20261201"))
-MODELS = {"/completions": "smollm2", "/responses": "smollm2", "/embeddings": "minilm"}
+MODELS = {
+    "/completions": "smollm2",
+    "/responses": "smollm2",
+    "/messages": "smollm2",
+    "/count_tokens": "smollm2",
+    "/embeddings": "minilm",
+}
 MODELS_TOML = """
 [[model]]
 id = "smollm2"

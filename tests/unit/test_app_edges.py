@@ -276,6 +276,8 @@ def test_the_openapi_document_lists_every_route_with_its_body(client: TestClient
         ("/v1/responses/{response_id}/cancel", "post"),
         ("/v1/responses/{response_id}/input_items", "get"),
         ("/v1/argosy/responses/{response_id}/prompt", "get"),
+        ("/v1/messages", "post"),
+        ("/v1/messages/count_tokens", "post"),
     }
     schemas = document["components"]["schemas"]
     for path, model in [
@@ -283,18 +285,22 @@ def test_the_openapi_document_lists_every_route_with_its_body(client: TestClient
         ("/v1/completions", "CompletionRequest"),
         ("/v1/responses", "ResponsesRequest"),
         ("/v1/embeddings", "EmbeddingRequest"),
+        ("/v1/messages", "MessagesRequest"),
+        ("/v1/messages/count_tokens", "CountTokensRequest"),
     ]:
         operation = document["paths"][path]["post"]
         body = operation["requestBody"]["content"]["application/json"]["schema"]
         assert body == {"$ref": f"#/components/schemas/{model}"} and "properties" in schemas[model]
         media = set(operation["responses"]["200"]["content"])
-        assert media == (
-            {"application/json"} if path == "/v1/embeddings" else {"application/json", "text/event-stream"}
-        )
-        assert operation["responses"]["4XX"]["content"]["application/json"]["schema"]["$ref"].endswith(
-            "/Error"
-        )
+        streams = path not in ("/v1/embeddings", "/v1/messages/count_tokens")
+        assert media == ({"application/json", "text/event-stream"} if streams else {"application/json"})
+        envelope = "/AnthropicError" if path.startswith("/v1/messages") else "/Error"
+        for statuses in ("4XX", "5XX"):
+            schema = operation["responses"][statuses]["content"]["application/json"]["schema"]
+            assert schema["$ref"].endswith(envelope)
     assert "messages" in schemas["ChatCompletionRequest"]["required"]
+    assert {"messages", "max_tokens"} <= set(schemas["MessagesRequest"]["required"])
+    assert "max_tokens" not in schemas["CountTokensRequest"].get("required", [])
     params = {
         p["name"] for p in document["paths"]["/v1/responses/{response_id}/input_items"]["get"]["parameters"]
     }

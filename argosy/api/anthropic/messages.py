@@ -1,0 +1,331 @@
+"""Anthropic `POST /v1/messages` and `POST /v1/messages/count_tokens`.
+
+The body becomes a neutral ChatInput (wire.py), then a CoreRequest (core/chat_request.py),
+as OpenAI chat's does; the core's events come back as a message or its stream (render.py).
+Errors on these routes are Anthropic's envelope (`api/errors.py`, registered in app.py).
+`anthropic-version` / `anthropic-beta` headers are accepted and change nothing.
+
+Honoured: system, messages (text, tool_use, tool_result, thinking blocks), tools, tool_choice
+(with disable_parallel_tool_use), stop_sequences, temperature, top_p, top_k, max_tokens,
+`output_config.format` (a json_schema: constrained decoding, as chat's response_format),
+`thinking` (`enabled` / `disabled` switch the template's `enable_thinking`; `adaptive` leaves
+the model's default), `output_config.effort` (the template's `reasoning_effort`), and `seed`
+(an Argosy extension, as on the OpenAI routes). Named in `x-argosy-degraded` when they would
+change something on Anthropic and do not here: `thinking.budget_tokens` (no reasoning budget
+is enforced), `thinking` on a model that does not reason (or whose template has no switch),
+`output_config.effort` unless the model reasons and its template reads `reasoning_effort`,
+`thinking.display: omitted`, `service_tier` (other than standard_only), `cache_control` (the prefix
+cache works by itself), `speed` (other than standard), `inference_geo`, `container`,
+`diagnostics`, any field this server does not know, and `prefill`: a conversation ending with
+an assistant message is answered as a new turn, not continued (the chat layer renders every
+prompt with the generation prompt; it cannot continue a final message yet). `metadata` is
+accepted, and so are `user_profile_id` and `workspace_id` (they change no output).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter
+from pydantic import Field, PrivateAttr
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from argosy.api.anthropic.render import MessageStream, message_id, message_json
+from argosy.api.anthropic.wire import chat_input_from_wire
+from argosy.api.errors import anthropic_error_body, anthropic_status_of
+from argosy.api.framing import sse_frames
+from argosy.api.openai.common import StopField, WireModel, degraded_headers, respond
+from argosy.api.openapi import takes
+from argosy.api.route import BodyT, ModelRoute, RouteCall, run_route
+from argosy.chat.events import Finish
+from argosy.chat.messages import ChatInput, Message
+from argosy.chat.profile import ChatProfile
+from argosy.core.chat_request import prepare_chat
+from argosy.core.constraints import check_chat_options
+from argosy.core.recording import SessionSpec
+from argosy.core.service import ModelService
+from argosy.core.stream import CoreRequest, CoreStream, collect
+from argosy.errors import ArgosyError, InvalidRequestError
+from argosy.sampling_params import RequestSampling
+from argosy.sessions.events import MessageAppended, SessionEvent
+
+router = APIRouter()
+
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+# what the chat layer names (OpenAI's words) -> this dialect's field
+_DEGRADED_NAMES = {"response_format": "output_config.format", "tools": "tools"}
+_FIELD_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+MAX_NAMED_UNKNOWN = 16  # unknown fields named in the header; the rest are counted
+
+
+def _refuse(param: str, message: str) -> InvalidRequestError:
+    return InvalidRequestError(f"Invalid '{param}': {message}.", param)
+
+
+class AnthropicMessage(WireModel):
+    role: Literal["user", "assistant"]
+    content: Any = Field()  # a string or content blocks: read by wire.py, naming the block
+
+
+class CountTokensRequest(WireModel):
+    """What both routes read to build the prompt."""
+
+    model: str | None = None
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: Any = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    thinking: Any = None
+    output_config: Any = None
+    # Accepted; no effect here (named in x-argosy-degraded where they would have one).
+    metadata: Any = None  # like these two: who asks, which changes no output
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
+    service_tier: str | None = None
+    cache_control: Any = None
+    speed: str | None = None
+    inference_geo: Any = None
+    container: Any = None
+    diagnostics: Any = None
+    _chat: ChatInput | None = PrivateAttr(default=None)
+
+    def check(self) -> None:
+        """Every refusal that needs no model."""
+        chat = self.chat_input()
+        check_chat_options(chat.tools, chat.tool_choice, chat.output_format)
+
+    # -- thinking and output_config ----------------------------------------------------------
+
+    def thinking_config(self) -> dict[str, Any] | None:
+        if self.thinking is None:
+            return None
+        if not isinstance(self.thinking, dict):
+            raise _refuse("thinking", "expected an object")
+        kind = self.thinking.get("type")
+        if kind not in ("enabled", "disabled", "adaptive"):
+            raise _refuse("thinking.type", f"expected 'enabled', 'disabled' or 'adaptive', got {kind!r}")
+        budget = self.thinking.get("budget_tokens")
+        if kind == "enabled":
+            if budget is None:
+                raise InvalidRequestError(
+                    "Missing required parameter: 'thinking.budget_tokens'.", "thinking.budget_tokens"
+                )
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+                raise _refuse("thinking.budget_tokens", "expected a positive integer")
+        display = self.thinking.get("display")
+        if display not in (None, "summarized", "omitted"):
+            raise _refuse("thinking.display", f"expected 'summarized' or 'omitted', got {display!r}")
+        return self.thinking
+
+    def output_config_value(self, key: str) -> Any:
+        if self.output_config is None:
+            return None
+        if not isinstance(self.output_config, dict):
+            raise _refuse("output_config", "expected an object")
+        return self.output_config.get(key)
+
+    def effort(self) -> str | None:
+        effort = self.output_config_value("effort")
+        if effort is not None and effort not in EFFORTS:
+            raise _refuse("output_config.effort", f"expected one of {', '.join(EFFORTS)}, got {effort!r}")
+        return effort
+
+    def chat_input(self) -> ChatInput:
+        """The request in neutral terms (checked: a malformed field is a 400 naming it)."""
+        if self._chat is None:
+            kwargs: dict[str, Any] = {}
+            thinking = self.thinking_config()
+            if thinking is not None and thinking["type"] != "adaptive":
+                kwargs["enable_thinking"] = thinking["type"] == "enabled"
+            effort = self.effort()
+            if effort is not None:
+                kwargs["reasoning_effort"] = effort
+            self._chat = chat_input_from_wire(
+                self.system,
+                [(m.role, m.content) for m in self.messages],
+                tools=self.tools,
+                tool_choice=self.tool_choice,
+                output_format=self.output_config_value("format"),
+                template_kwargs=kwargs,
+            )
+        return self._chat
+
+    # -- what is not honoured ------------------------------------------------------------------
+
+    def degraded_fields(self) -> list[str]:
+        """Fields never honoured (those that depend on the model: `model_degraded`)."""
+        asks = {
+            # one tier here: `standard_only` is what runs; `auto` may use priority capacity there
+            "service_tier": self.service_tier not in (None, "standard_only"),
+            "cache_control": self.cache_control is not None,
+            "speed": self.speed not in (None, "standard"),
+            "inference_geo": self.inference_geo is not None,
+            "container": self.container is not None,
+            "diagnostics": self.diagnostics is not None,
+            "thinking.display": isinstance(self.thinking, dict) and self.thinking.get("display") == "omitted",
+            "prefill": self.messages[-1].role == "assistant",
+        }
+        return [name for name, is_asked in asks.items() if is_asked] + self.unknown_fields()
+
+    def unknown_fields(self) -> list[str]:
+        """Fields this server does not know, by name (header-safe names, at most
+        MAX_NAMED_UNKNOWN; the rest counted)."""
+        names = sorted(self.model_extra or {})
+        safe = [name for name in names if _FIELD_NAME.match(name)][:MAX_NAMED_UNKNOWN]
+        rest = len(names) - len(safe)
+        return safe + ([f"{rest} more unknown fields"] if rest else [])
+
+    def model_degraded(self, profile: ChatProfile, chat_degraded: list[str]) -> list[str]:
+        """What this model does not honour of thinking / effort, and the chat layer's names."""
+        degraded = [_DEGRADED_NAMES.get(name, name) for name in chat_degraded]
+        thinking = self.thinking_config()
+        kind = thinking["type"] if thinking is not None else None
+        if kind == "enabled":  # a reasoning model reasons, but no budget holds it
+            degraded.append("thinking.budget_tokens" if profile.has_reasoning else "thinking")
+        elif kind == "disabled" and profile.has_reasoning and not profile.reads("enable_thinking"):
+            degraded.append("thinking")
+        if self.effort() is not None and not (profile.has_reasoning and profile.reads("reasoning_effort")):
+            degraded.append("output_config.effort")
+        return degraded
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stream: bool = False
+    stop_sequences: StopField = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # an Argosy extension
+
+    def sampling(self) -> RequestSampling:
+        return RequestSampling(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            max_tokens=self.max_tokens,
+            stop=self.stop_sequences,
+        )
+
+
+def session_inputs(messages: list[Message]) -> list[SessionEvent]:
+    """The neutral messages as the session records them (chat's shape)."""
+    return [
+        MessageAppended(
+            role=message.role,
+            content=message.content,
+            tool_calls=[
+                {
+                    "id": call.call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in message.tool_calls
+            ]
+            or None,
+            tool_call_id=message.tool_call_id,
+            name=message.name,
+            reasoning=message.reasoning,
+        )
+        for message in messages
+    ]
+
+
+async def to_core(body: MessagesRequest, service: ModelService) -> tuple[CoreRequest, list[str]]:
+    """The CoreRequest, and the fields this model does not honour (x-argosy-degraded)."""
+    prepared = await prepare_chat(service, body.chat_input())
+    degraded = body.model_degraded(service.chat_profile(), prepared.degraded)
+    return prepared.core_request(body.sampling()), degraded
+
+
+async def _stream_events(
+    body: MessagesRequest, stream: CoreStream, model_id: str
+) -> AsyncIterator[dict[str, Any]]:
+    writer = MessageStream(message_id(), model_id, body.stop_sequences)
+    async with stream:
+        for frame in writer.start(stream.usage):
+            yield frame
+        async for event in stream:
+            frames = (
+                writer.finish(event, stream.usage) if isinstance(event, Finish) else writer.on_event(event)
+            )
+            for frame in frames:
+                yield frame
+
+
+async def _complete(body: MessagesRequest, stream: CoreStream, model_id: str) -> dict[str, Any]:
+    async with stream:
+        results = await collect(stream)
+        usage = stream.usage
+    result = results[0]
+    return message_json(
+        response_id=message_id(),
+        model_id=model_id,
+        parsed=result.channels.result(),
+        finish_reason=result.finish_reason,
+        stop_reason=result.stop_reason,
+        stop_sequences=body.stop_sequences,
+        usage=usage,
+    )
+
+
+class AnthropicRoute(ModelRoute[BodyT]):
+    def error_status(self, error: ArgosyError) -> int:
+        return anthropic_status_of(error)
+
+
+class MessagesRoute(AnthropicRoute[MessagesRequest]):
+    route = "POST /v1/messages"
+    body_type = MessagesRequest
+
+    async def serve(self, body: MessagesRequest, service: ModelService, call: RouteCall) -> Response:
+        model_id = call.model_id
+        core_request, model_degraded = await to_core(body, service)
+        core_request.session = SessionSpec(
+            inputs=[session_inputs(body.chat_input().messages)],
+            metadata={"kind": "message", "model": model_id, "request_id": call.request_id},
+        )
+        stream = call.start(core_request)
+        degraded = body.degraded_fields() + model_degraded
+        return await respond(
+            call.request,
+            stream,
+            degraded,
+            is_streaming=body.stream,
+            frames=lambda: sse_frames(
+                _stream_events(body, stream, model_id),
+                anthropic_error_body,
+                stream.degraded,
+                event_key="type",
+                done=False,
+            ),
+            complete=lambda: _complete(body, stream, model_id),
+        )
+
+
+class CountTokensRoute(AnthropicRoute[CountTokensRequest]):
+    """The prompt /v1/messages would run, counted; nothing is generated."""
+
+    route = "POST /v1/messages/count_tokens"
+    body_type = CountTokensRequest
+
+    async def serve(self, body: CountTokensRequest, service: ModelService, call: RouteCall) -> Response:
+        prepared = await prepare_chat(service, body.chat_input())
+        degraded = body.degraded_fields() + body.model_degraded(service.chat_profile(), prepared.degraded)
+        return JSONResponse({"input_tokens": len(prepared.prompt_ids)}, headers=degraded_headers(degraded))
+
+
+@router.post("/v1/messages")
+@takes(MessagesRequest, streams=True, errors="AnthropicError")
+async def messages(request: Request) -> Response:
+    return await run_route(request, MessagesRoute())
+
+
+@router.post("/v1/messages/count_tokens")
+@takes(CountTokensRequest, errors="AnthropicError")
+async def count_tokens(request: Request) -> Response:
+    return await run_route(request, CountTokensRoute())
