@@ -24,7 +24,6 @@ accepted, and so are `user_profile_id` and `workspace_id` (they change no output
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -37,9 +36,9 @@ from argosy.api.anthropic.render import MessageStream, message_id, message_json
 from argosy.api.anthropic.wire import chat_input_from_wire
 from argosy.api.errors import anthropic_error_body, anthropic_status_of
 from argosy.api.framing import sse_frames
-from argosy.api.openai.common import StopField, WireModel, degraded_headers, respond
 from argosy.api.openapi import takes
 from argosy.api.route import BodyT, ModelRoute, RouteCall, run_route
+from argosy.api.wire import StopField, WireModel, degraded_headers, named_unknown, respond
 from argosy.chat.events import Finish
 from argosy.chat.messages import ChatInput, Message
 from argosy.chat.profile import ChatProfile
@@ -57,8 +56,6 @@ router = APIRouter()
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 # what the chat layer names (OpenAI's words) -> this dialect's field
 _DEGRADED_NAMES = {"response_format": "output_config.format", "tools": "tools"}
-_FIELD_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-MAX_NAMED_UNKNOWN = 16  # unknown fields named in the header; the rest are counted
 
 
 def _refuse(param: str, message: str) -> InvalidRequestError:
@@ -171,12 +168,7 @@ class CountTokensRequest(WireModel):
         return [name for name, is_asked in asks.items() if is_asked] + self.unknown_fields()
 
     def unknown_fields(self) -> list[str]:
-        """Fields this server does not know, by name (header-safe names, at most
-        MAX_NAMED_UNKNOWN; the rest counted)."""
-        names = sorted(self.model_extra or {})
-        safe = [name for name in names if _FIELD_NAME.match(name)][:MAX_NAMED_UNKNOWN]
-        rest = len(names) - len(safe)
-        return safe + ([f"{rest} more unknown fields"] if rest else [])
+        return named_unknown(self.model_extra or {})
 
     def model_degraded(self, profile: ChatProfile, chat_degraded: list[str]) -> list[str]:
         """What this model does not honour of thinking / effort, and the chat layer's names."""

@@ -29,13 +29,13 @@ from argosy.api.openai.chat_input import chat_input_from_wire
 from argosy.api.openai.common import (
     SamplingFields,
     render_error,
-    respond,
     token_logprob_json,
     usage_json,
 )
 from argosy.api.openai.content import text_of_parts
 from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
+from argosy.api.wire import respond
 from argosy.chat.events import (
     Event,
     Finish,

@@ -1,5 +1,6 @@
 """What OpenAI's chat and completions endpoints share: the sampling fields and their range
-checks, stream options, usage and error rendering, and the degraded-fields header.
+checks, stream options, logprobs, usage and error rendering (what every dialect shares is in
+api/wire.py).
 
 Request models are strict (a string is not a number) and accept unknown fields. Fields
 whose type is a union are declared `Any` and normalized by a validator, so an error names
@@ -9,45 +10,19 @@ the field itself rather than one arm of the union.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from pydantic import AliasChoices, BeforeValidator, ConfigDict, Field
 
 from argosy.api.errors import openai_error_body
-from argosy.api.framing import SSEResponse
-from argosy.api.transport import run_unless_disconnected
+from argosy.api.wire import StopField, WireModel
 from argosy.chat.events import TokenCandidate, TokenLogprobs, Usage
-from argosy.core.stream import CoreStream
 from argosy.errors import ArgosyError
 from argosy.sampling_params import RequestSampling
 
-DEGRADED_HEADER = "x-argosy-degraded"
 MAX_N = 16
-# OpenAI takes up to 4 stop sequences, vLLM any number; 16 leaves room for every real use. A
-# stop string's length is what the detokenizer holds back while streaming (a partial match
-# may still complete), so 1000 characters bounds that delay and the per-step search.
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 1000  # characters in one stop string
 MAX_LOGIT_BIAS = 1024  # entries of logit_bias
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
-
-
-def _stop_list(value: Any) -> list[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise ValueError("stop must be a string or a list of strings")
-    if len(value) > MAX_STOP_STRINGS:
-        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(value)}")
-    longest = max((len(s) for s in value), default=0)
-    if longest > MAX_STOP_CHARS:
-        raise ValueError(f"a stop string may have at most {MAX_STOP_CHARS} characters, got {longest}")
-    return list(value)
 
 
 def _logit_bias(value: Any) -> dict[int, float] | None:
@@ -71,31 +46,7 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
     return bias
 
 
-StopField = Annotated[Any, BeforeValidator(_stop_list)]
 LogitBiasField = Annotated[Any, BeforeValidator(_logit_bias)]
-
-
-class WireModel(BaseModel):
-    """A request body (or part of one) as OpenAI reads it: a field sent as `null` is a field not
-    sent, so it takes its default (`"stream": null` is not streaming; the openai spec marks such
-    fields nullable and SDKs send nulls). Fields whose default is None already accept null."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_means_default(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        fields = cls.model_fields
-        return {
-            key: value
-            for key, value in data.items()
-            if value is not None
-            or key not in fields
-            or fields[key].is_required()
-            or fields[key].default is None
-        }
 
 
 class StreamOptions(WireModel):
@@ -208,30 +159,5 @@ def speculative_json(usage: Usage) -> dict[str, int]:
     }
 
 
-def degraded_headers(fields: list[str]) -> dict[str, str]:
-    """Fields accepted but not honoured, named so nobody mistakes them for obeyed."""
-    return {DEGRADED_HEADER: ", ".join(fields)} if fields else {}
-
-
 def render_error(error: ArgosyError) -> dict[str, Any]:
     return openai_error_body(error)
-
-
-async def respond(
-    request: Request,
-    stream: CoreStream,
-    degraded: list[str],
-    *,
-    is_streaming: bool,
-    frames: Callable[[], AsyncIterator[bytes]],
-    complete: Callable[[], Awaitable[dict[str, Any]]],
-) -> Response:
-    """The answer to a generation: its SSE `frames`, or the JSON `complete` builds (the work
-    cancelled, and 499 answered to nobody, if the client leaves first). `degraded` names the
-    fields not honoured; what the stream learns under way (`stream.degraded`) joins them."""
-    if is_streaming:
-        return SSEResponse(frames(), headers=degraded_headers(degraded))
-    result = await run_unless_disconnected(request, complete())
-    if result is None:
-        return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(result, headers=degraded_headers(degraded + stream.degraded))

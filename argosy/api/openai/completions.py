@@ -25,11 +25,11 @@ from argosy.api.openai.common import (
     SamplingFields,
     finite_logprob,
     render_error,
-    respond,
     usage_json,
 )
 from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
+from argosy.api.wire import respond
 from argosy.chat.events import Finish, PromptEcho, TextDelta, TokenLogprobs
 from argosy.core.recording import SessionSpec
 from argosy.core.service import ModelService

@@ -21,9 +21,9 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from argosy.api.openai.common import WireModel
 from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
+from argosy.api.wire import WireModel
 from argosy.core.embedding_service import EmbeddingService
 from argosy.errors import InvalidRequestError
 

@@ -28,8 +28,9 @@ from typing import Any
 
 from pydantic import Field
 
-from argosy.api.openai.common import WireModel, request_sampling
+from argosy.api.openai.common import request_sampling
 from argosy.api.openai.responses.store import StoredResponse
+from argosy.api.wire import WireModel
 from argosy.chat.messages import ChatInput, Message, OutputFormat, ToolChoice, ToolDefinition
 from argosy.core.chat_request import PreparedChat, prepare_chat
 from argosy.core.constraints import check_chat_options

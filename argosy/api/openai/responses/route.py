@@ -32,7 +32,6 @@ from starlette.responses import JSONResponse, Response
 
 from argosy.api.errors import openai_error_body
 from argosy.api.framing import SSEResponse, sse_frames
-from argosy.api.openai.common import degraded_headers, respond
 from argosy.api.openai.responses.background import BackgroundJob, BackgroundJobs
 from argosy.api.openai.responses.items import conversation_items, input_events, output_items
 from argosy.api.openai.responses.request import ResponsesRequest, build_turn
@@ -49,6 +48,7 @@ from argosy.api.openai.responses.store import (
 from argosy.api.openai.responses.stream import ResponseStreamRenderer
 from argosy.api.openapi import SSE_EVENT, query, takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
+from argosy.api.wire import degraded_headers, respond
 from argosy.core.recording import SessionRecorder, SessionSpec
 from argosy.core.registry import ModelRegistry
 from argosy.core.service import ModelService

@@ -1,0 +1,103 @@
+"""What every dialect's request bodies and answers share: the body model that reads `null` as
+"not sent", stop strings and their bounds, unknown fields named, the degraded-fields header,
+and `respond` (a generation's stream or its one JSON object).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from argosy.api.framing import SSEResponse
+from argosy.api.transport import run_unless_disconnected
+from argosy.core.stream import CoreStream
+
+DEGRADED_HEADER = "x-argosy-degraded"
+# OpenAI takes up to 4 stop sequences, vLLM any number; 16 leaves room for every real use. A
+# stop string's length is what the detokenizer holds back while streaming (a partial match
+# may still complete), so 1000 characters bounds that delay and the per-step search.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1000  # characters in one stop string
+MAX_NAMED_UNKNOWN = 16  # unknown fields named in the degraded header; the rest are counted
+_FIELD_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def _stop_list(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise ValueError("stop must be a string or a list of strings")
+    if len(value) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(value)}")
+    longest = max((len(s) for s in value), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise ValueError(f"a stop string may have at most {MAX_STOP_CHARS} characters, got {longest}")
+    return list(value)
+
+
+StopField = Annotated[Any, BeforeValidator(_stop_list)]
+
+
+class WireModel(BaseModel):
+    """A request body (or part of one) as OpenAI reads it: a field sent as `null` is a field not
+    sent, so it takes its default (`"stream": null` is not streaming; the openai spec marks such
+    fields nullable and SDKs send nulls). Fields whose default is None already accept null."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            key: value
+            for key, value in data.items()
+            if value is not None
+            or key not in fields
+            or fields[key].is_required()
+            or fields[key].default is None
+        }
+
+
+def named_unknown(names: Any) -> list[str]:
+    """Unknown field names as the degraded header lists them: header-safe names, sorted, at
+    most MAX_NAMED_UNKNOWN, the rest counted."""
+    names = sorted(names)
+    safe = [name for name in names if _FIELD_NAME.match(name)][:MAX_NAMED_UNKNOWN]
+    rest = len(names) - len(safe)
+    return safe + ([f"{rest} more unknown fields"] if rest else [])
+
+
+def degraded_headers(fields: list[str]) -> dict[str, str]:
+    """Fields accepted but not honoured, named so nobody mistakes them for obeyed."""
+    return {DEGRADED_HEADER: ", ".join(fields)} if fields else {}
+
+
+async def respond(
+    request: Request,
+    stream: CoreStream,
+    degraded: list[str],
+    *,
+    is_streaming: bool,
+    frames: Callable[[], AsyncIterator[bytes]],
+    complete: Callable[[], Awaitable[dict[str, Any]]],
+    stream_type: type[SSEResponse] = SSEResponse,
+) -> Response:
+    """The answer to a generation: its `frames` (SSE, or `stream_type`'s framing), or the JSON `complete` builds (the work
+    cancelled, and 499 answered to nobody, if the client leaves first). `degraded` names the
+    fields not honoured; what the stream learns under way (`stream.degraded`) joins them."""
+    if is_streaming:
+        return stream_type(frames(), headers=degraded_headers(degraded))
+    result = await run_unless_disconnected(request, complete())
+    if result is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    return JSONResponse(result, headers=degraded_headers(degraded + stream.degraded))
