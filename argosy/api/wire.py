@@ -1,10 +1,12 @@
 """What every dialect's request bodies and answers share: the body model that reads `null` as
 "not sent", stop strings and their bounds, unknown fields named, the degraded-fields header,
-and `respond` (a generation's stream or its one JSON object).
+token logprobs as OpenAI and Ollama list them, and `respond` (a generation's stream or its one
+JSON object).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
@@ -15,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from argosy.api.framing import SSEResponse
 from argosy.api.transport import run_unless_disconnected
+from argosy.chat.events import TokenCandidate, TokenLogprobs
 from argosy.core.stream import CoreStream
 
 DEGRADED_HEADER = "x-argosy-degraded"
@@ -75,6 +78,26 @@ def named_unknown(names: Any) -> list[str]:
     safe = [name for name in names if _FIELD_NAME.match(name)][:MAX_NAMED_UNKNOWN]
     rest = len(names) - len(safe)
     return safe + ([f"{rest} more unknown fields"] if rest else [])
+
+
+def finite_logprob(logprob: float | None) -> float | None:
+    """JSON has no -inf: a token masked out entirely reports a very small number instead."""
+    return logprob if logprob is None or math.isfinite(logprob) else -9999.0
+
+
+def candidate_json(candidate: TokenCandidate) -> dict[str, Any]:
+    """A token as OpenAI's (and Ollama's) logprobs list it: {token, logprob, bytes}."""
+    return {
+        "token": candidate.token,
+        "logprob": finite_logprob(candidate.logprob),
+        "bytes": list(candidate.token_bytes),
+    }
+
+
+def token_logprob_json(entry: TokenLogprobs) -> dict[str, Any]:
+    """One generated token with its alternatives: {token, logprob, bytes, top_logprobs: [...]},
+    the entry of chat's `logprobs.content` and of a Responses `output_text.logprobs`."""
+    return {**candidate_json(entry.chosen), "top_logprobs": [candidate_json(c) for c in entry.top]}
 
 
 def degraded_headers(fields: list[str]) -> dict[str, str]:

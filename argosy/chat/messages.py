@@ -2,6 +2,9 @@
 
 Every dialect (OpenAI chat and responses, later Anthropic and Ollama) translates its wire
 shapes into these; argosy/core/chat_request.py turns a ChatInput into what the core runs.
+A conversation may end with a partial assistant turn to be *continued*
+(`continue_final_message`): the prompt is that turn left open, and the output carries on its
+text (see ChatTemplate.render). `check_continuation` holds the rules every dialect shares.
 `template_messages` writes messages the way chat templates read them (transformers'
 convention): an assistant's calls as `tool_calls: [{id, type, function: {name, arguments}}]`
 with the arguments as a dict (the wire carries JSON text; templates mostly `tojson` them), its
@@ -13,6 +16,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from argosy.errors import InvalidRequestError
 
 ToolChoiceMode = Literal["auto", "none", "required", "named"]
 OutputFormatKind = Literal["text", "json_object", "json_schema"]
@@ -92,6 +97,38 @@ class ChatInput:
     parallel_tool_calls: bool = True
     output_format: OutputFormat | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # enable_thinking, reasoning_effort...
+    # The prompt ends with the template's generation prompt (a new assistant turn opened) ...
+    add_generation_prompt: bool = True
+    # ... or with the final (assistant) message left open, its text continued by the output.
+    continue_final_message: bool = False
+    # At most this many tokens of reasoning, then its end marker is forced (a reasoning model).
+    reasoning_budget: int | None = None
+
+
+def check_continuation(chat: ChatInput) -> None:
+    """A 400 unless a continued final message can be: the final message is an assistant's,
+    without tool calls (the text to continue is its content), and no generation prompt follows."""
+    if not chat.continue_final_message:
+        return
+    if chat.add_generation_prompt:
+        raise InvalidRequestError(
+            "continue_final_message and add_generation_prompt cannot both be true: a continued "
+            "final message opens no new turn.",
+            "continue_final_message",
+        )
+    final = chat.messages[-1] if chat.messages else None
+    if final is None or final.role != "assistant":
+        role = "no message" if final is None else f"a {final.role!r} message"
+        raise InvalidRequestError(
+            f"continue_final_message needs the conversation to end with an assistant message, "
+            f"it ends with {role}.",
+            "continue_final_message",
+        )
+    if final.tool_calls:
+        raise InvalidRequestError(
+            "continue_final_message cannot continue an assistant message that made tool calls.",
+            "messages",
+        )
 
 
 def template_message(message: Message) -> dict[str, Any]:

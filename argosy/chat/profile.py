@@ -59,10 +59,16 @@ class ChatProfile:
         messages: list[Message],
         tools: list[ToolDefinition],
         template_kwargs: dict[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> str:
         """The prompt text: the template's own rendering, with our tool prompt when the
-        template writes no tools (and for any calls / tool results in the history)."""
+        template writes no tools (and for any calls / tool results in the history); it ends
+        with the generation prompt, or with the final message left open to be continued."""
         kwargs = dict(template_kwargs or {})
+        kwargs["add_generation_prompt"] = add_generation_prompt and not continue_final_message
+        kwargs["continue_final_message"] = continue_final_message
         if self.has_native_tools:
             conversation = template_messages(messages)
             tool_list = [tool.template_json() for tool in tools] or None

@@ -6,7 +6,9 @@ ImmutableSandboxedEnvironment with the settings and helpers `transformers` gives
 `strftime_now`, a plain `dict`, an underscore-refusing `namespace`), so a template renders
 here exactly as `apply_chat_template(..., tokenize=False)` renders it. A template that
 raises (say "roles must alternate") is the client's conversation at fault: an
-InvalidRequestError carrying the template's own words.
+InvalidRequestError carrying the template's own words. A final message can be left open to
+be continued (`continue_final_message`, as transformers has it): the text is cut right after
+its content, before the template's end-of-turn.
 
 Rendering is bounded (`_RenderBudget`): a template that loops for long or builds an enormous
 prompt is stopped with a 400 naming `messages` once it has run `render_deadline_s` or produced
@@ -249,6 +251,25 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+# Put after the content of a message to continue; the rendered text is cut where it is. Its
+# trailing space shows whether the template kept the content's trailing whitespace.
+_CONTINUE_MARKER = "<|argosy-continue-final-message|> "
+
+
+def _cut_at_marker(rendered: str) -> str:
+    """`rendered` up to the last continue marker (see ChatTemplate.render)."""
+    marker = _CONTINUE_MARKER.rstrip()
+    position = rendered.rfind(marker)
+    if position < 0:
+        raise InvalidRequestError(
+            "The final message cannot be continued: the chat template does not write its content.",
+            "messages",
+        )
+    if rendered.startswith(_CONTINUE_MARKER, position):
+        return rendered[:position]
+    return rendered[:position].rstrip()
+
+
 def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
     reasoning = next((message[key] for key in _REASONING_FIELDS if message.get(key) is not None), None)
     if reasoning is None:
@@ -296,12 +317,38 @@ class ChatTemplate:
         messages: list[dict[str, Any]],
         *,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         **template_kwargs: Any,
     ) -> str:
         """The prompt text. Keys whose value is None are dropped from messages (templates test
-        for a missing key, not for None), as transformers does."""
+        for a missing key, not for None), as transformers does.
+
+        `continue_final_message` (with add_generation_prompt False, as transformers has it):
+        the text ends right after the final message's content, whatever the template writes
+        after it (its end-of-turn), so the model carries on that text. The content is rendered
+        with a marker after it and the text cut at the marker's last occurrence; a template that
+        trims the content's trailing whitespace (the marker's own trailing space is gone) has the
+        text before the cut trimmed too, as its rendering of the content alone would be."""
         conversation = [_alias_reasoning({k: v for k, v in m.items() if v is not None}) for m in messages]
+        if continue_final_message:
+            if not conversation:
+                raise InvalidRequestError("There is no final message to continue.", "messages")
+            final = conversation[-1]
+            content = final.get("content") or ""
+            if not isinstance(content, str):
+                raise InvalidRequestError("The final message to continue has no text content.", "messages")
+            conversation[-1] = {**final, "content": content + _CONTINUE_MARKER}
+        rendered = self._render(conversation, add_generation_prompt, tools, template_kwargs)
+        return _cut_at_marker(rendered) if continue_final_message else rendered
+
+    def _render(
+        self,
+        conversation: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any],
+    ) -> str:
         budget = _RenderBudget(self.render_deadline_s, self.max_render_chars)
         variables = {
             **self._special_tokens,

@@ -2,19 +2,23 @@
 
 Every chat-shaped dialect calls `prepare_chat` with plain data (argosy/chat/messages.py) and
 builds its CoreRequest with `PreparedChat.core_request(...)`: the prompt rendered by the
-model's template (with our own tool prompt when the template writes no tools), the
-constraints of tool_choice / response_format compiled off the event loop, the channel
-parser's options, and the fields it could not honour (`degraded`).
+model's template (with our own tool prompt when the template writes no tools; ending with the
+generation prompt, or with a final assistant message left open to be continued), the
+constraints of tool_choice / response_format compiled off the event loop, the guide that
+holds reasoning to its budget (`reasoning_budget`, on a reasoning model), the channel
+parser's options, and the fields it could not honour (`degraded`: `reasoning_budget` where
+the model reasons but its markers do not let the guide see the reasoning).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from argosy.chat.messages import ChatInput
+from argosy.chat.messages import ChatInput, check_continuation
 from argosy.chat.parsing import prompt_opens_reasoning
 from argosy.core.channels import ChannelSpec
 from argosy.core.constraints import guide_spec, plan_constraints
@@ -52,11 +56,19 @@ class PreparedChat:
 
 
 async def prepare_chat(core: ModelService, chat: ChatInput) -> PreparedChat:
+    check_continuation(chat)
     profile = core.chat_profile()
     constraints = plan_constraints(chat, profile.call_family.call_syntax)
     # off the event loop: a template may take up to its render deadline (argosy/chat/template.py)
     prompt_text = await asyncio.to_thread(
-        profile.render, chat.messages, constraints.prompt_tools, chat.template_kwargs
+        functools.partial(
+            profile.render,
+            chat.messages,
+            constraints.prompt_tools,
+            chat.template_kwargs,
+            add_generation_prompt=chat.add_generation_prompt,
+            continue_final_message=chat.continue_final_message,
+        )
     )
     is_reasoning_open = prompt_opens_reasoning(profile.call_family, prompt_text)
     options = dataclasses.replace(
@@ -64,22 +76,30 @@ async def prepare_chat(core: ModelService, chat: ChatInput) -> PreparedChat:
         has_reasoning=profile.has_reasoning,
         is_reasoning_open=is_reasoning_open,
     )
-    guide: GuideSpec | None = None
     if constraints.grammar is not None:
         # compiled (and cached) where the engine runs; a schema it cannot take is a 400 now
         await core.compile_grammar(constraints.grammar, constraints.grammar_param)
-        guide = guide_spec(
-            constraints.grammar,
-            start_ids=profile.reasoning_start_ids,
-            end_ids=profile.reasoning_end_ids,
-            is_reasoning_open=is_reasoning_open,
-            may_reason=profile.has_reasoning and chat.template_kwargs.get("enable_thinking") is not False,
-        )
+    may_reason = profile.has_reasoning and chat.template_kwargs.get("enable_thinking") is not False
+    guide = guide_spec(
+        constraints.grammar,
+        start_ids=profile.reasoning_start_ids,
+        end_ids=profile.reasoning_end_ids,
+        is_reasoning_open=is_reasoning_open,
+        may_reason=may_reason,
+        max_reasoning_tokens=chat.reasoning_budget if profile.has_reasoning else None,
+    )
+    degraded = list(constraints.degraded)
+    if (
+        chat.reasoning_budget is not None
+        and (may_reason or is_reasoning_open)
+        and (guide is None or guide.max_reasoning_tokens is None)
+    ):
+        degraded.append("reasoning_budget")  # it reasons, but where is not seen on token ids
     return PreparedChat(
         prompt_text=prompt_text,
         prompt_ids=profile.tokenize(prompt_text),
         channels=ChannelSpec(profile.call_family, options, profile.strip_texts),
         guide=guide,
         keeps_special_tokens=profile.keeps_special_tokens,
-        degraded=constraints.degraded,
+        degraded=degraded,
     )

@@ -291,21 +291,48 @@ def output_grammar(output_format: OutputFormat) -> GrammarSpec:
 
 
 def guide_spec(
-    grammar: GrammarSpec,
+    grammar: GrammarSpec | None,
     *,
     start_ids: list[int],
     end_ids: list[int],
     is_reasoning_open: bool,
     may_reason: bool,
-) -> GuideSpec:
-    """A guide that leaves a thinking model's reasoning free and constrains what follows it.
+    max_reasoning_tokens: int | None = None,
+) -> GuideSpec | None:
+    """A guide that leaves a thinking model's reasoning free (or held to `max_reasoning_tokens`)
+    and constrains what follows it with `grammar` (None: the answer is free).
 
     The prompt opened the reasoning block: the grammar starts after the end marker. The model
     may open one itself (a one-token start marker, thinking not switched off): the first token
-    is that marker or the grammar's. Otherwise the grammar holds from the first token.
+    is that marker or the grammar's. Otherwise the grammar holds from the first token, and no
+    budget can be kept (none is: see `can_budget_reasoning`). None: nothing to guide.
     """
+    if not can_budget_reasoning(
+        start_ids, end_ids, is_reasoning_open=is_reasoning_open, may_reason=may_reason
+    ):
+        max_reasoning_tokens = None
+    if grammar is None and max_reasoning_tokens is None:
+        return None
     if is_reasoning_open and end_ids:
-        return GuideSpec(grammar, "delayed", end_token_ids=tuple(end_ids))
+        return GuideSpec(
+            grammar, "delayed", end_token_ids=tuple(end_ids), max_reasoning_tokens=max_reasoning_tokens
+        )
     if may_reason and len(start_ids) == 1 and end_ids:
-        return GuideSpec(grammar, "optional", start_token_id=start_ids[0], end_token_ids=tuple(end_ids))
+        return GuideSpec(
+            grammar,
+            "optional",
+            start_token_id=start_ids[0],
+            end_token_ids=tuple(end_ids),
+            max_reasoning_tokens=max_reasoning_tokens,
+        )
     return GuideSpec(grammar)
+
+
+def can_budget_reasoning(
+    start_ids: list[int], end_ids: list[int], *, is_reasoning_open: bool, may_reason: bool
+) -> bool:
+    """Whether the guide can see where reasoning starts and force its end: the end marker is
+    known, and the prompt opened the reasoning or the model opens it with a one-token marker."""
+    if not end_ids:
+        return False
+    return is_reasoning_open or (may_reason and len(start_ids) == 1)

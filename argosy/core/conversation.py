@@ -48,6 +48,30 @@ def chat_message_events(messages: Iterable[Any]) -> list[SessionEvent]:
     return events
 
 
+def message_events(messages: Iterable[Message]) -> list[SessionEvent]:
+    """Neutral chat messages (argosy/chat/messages.py) as the session records them: chat's
+    shape, calls as `{id, type, function: {name, arguments}}`."""
+    return [
+        MessageAppended(
+            role=message.role,
+            content=message.content,
+            tool_calls=[
+                {
+                    "id": call.call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in message.tool_calls
+            ]
+            or None,
+            tool_call_id=message.tool_call_id,
+            name=message.name,
+            reasoning=message.reasoning,
+        )
+        for message in messages
+    ]
+
+
 def content_text(content: str | list[dict[str, Any]] | None) -> str:
     """A message's text: a string as is, text parts joined."""
     if content is None:

@@ -146,9 +146,12 @@ class AsyncEngine:
         if self.dead_error is not None:
             raise EngineDeadError(f"The engine stopped: {self.dead_error}")
         token_guide: TokenGuide | None = None
-        if guide is not None:  # compiled already when the core checked it: a cache hit
-            compiled = await self.grammar.compile(guide.grammar)
-            token_guide = build_guide(guide, self.grammar.guide(compiled))
+        if guide is not None:
+            inner: TokenGuide | None = None
+            if guide.grammar is not None:  # compiled already when the core checked it: a cache hit
+                compiled = await self.grammar.compile(guide.grammar)
+                inner = self.grammar.guide(compiled)
+            token_guide = build_guide(guide, inner)
         request_id = request_id or f"req-{next(_request_counter)}"
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:

@@ -13,6 +13,9 @@ by the spec's canonical text; may take milliseconds to seconds for a large schem
 it off the event loop) and hands `guide(compiled)` — a fresh matcher — to
 `engine.add_request(..., guide=...)`. For a thinking model, wrap that guide in
 `DelayedGuide` so the reasoning runs free and the grammar starts after `</think>`.
+
+A reasoning budget is a guide too (`ReasoningBudgetGuide`, with or without a grammar after
+the reasoning): once the reasoning has run its budget of tokens, only its end marker may come.
 """
 
 from __future__ import annotations
@@ -299,6 +302,13 @@ class DelayedGuide:
         return self.is_active and self.inner.is_terminated()
 
 
+def allow_token(bitmask: torch.Tensor, row: int, token_id: int) -> None:
+    """Set `token_id`'s bit in `bitmask[row]` (bit 31 of a word is its sign bit)."""
+    word, bit = divmod(token_id, 32)
+    if 0 <= word < bitmask.shape[1]:
+        bitmask[row, word] |= (1 << bit) if bit < 31 else -(1 << 31)
+
+
 class OptionalReasoningGuide:
     """For a model that may open its output with a reasoning block, or may not: the first
     token is `start_token_id` (the reasoning marker, e.g. Qwen3's `<think>`) or any token
@@ -318,9 +328,7 @@ class OptionalReasoningGuide:
             return
         self.inner.fill_bitmask(bitmask, row)
         if self._state == "first":
-            word, bit = divmod(self.start_token_id, 32)
-            if word < bitmask.shape[1]:
-                bitmask[row, word] |= (1 << bit) if bit < 31 else -(1 << 31)
+            allow_token(bitmask, row, self.start_token_id)
 
     def accept_token(self, token_id: int) -> bool:
         if self._state == "first":
@@ -338,21 +346,106 @@ class OptionalReasoningGuide:
         return self._state == "grammar" and self.inner.is_terminated()
 
 
+class ReasoningBudgetGuide:
+    """Holds a reasoning block to at most `max_reasoning_tokens` tokens: once it has that
+    many, only its end marker may come (`end_token_ids`, one token at a time, from wherever
+    the model's own tokens left the marker), then the answer follows under `inner` (a
+    grammar's guide, from its beginning) or free (`inner` None).
+
+    Where the reasoning starts: in the prompt (`start_token_id` None: the first output token
+    is reasoning), or, if the model opens it, with `start_token_id` as the first output token
+    (then the first token is that marker or any token `inner` allows; no marker: no reasoning,
+    the answer from the first token). Reasoning tokens are those between the markers; the
+    count never includes a marker's. Invariant: `inner` sees only the answer's tokens. Markers
+    are matched on token ids, as DelayedGuide's trigger is.
+    """
+
+    def __init__(
+        self,
+        inner: TokenGuide | None,
+        end_token_ids: Sequence[int],
+        max_reasoning_tokens: int,
+        start_token_id: int | None = None,
+    ) -> None:
+        if not end_token_ids:
+            raise ValueError("ReasoningBudgetGuide needs a non-empty end marker")
+        if max_reasoning_tokens < 0:
+            raise ValueError("max_reasoning_tokens must be >= 0")
+        self.inner = inner
+        self.end_token_ids = tuple(end_token_ids)
+        self.max_reasoning_tokens = max_reasoning_tokens
+        self.start_token_id = start_token_id
+        self._state = "first" if start_token_id is not None else "reasoning"  # | "answer"
+        self._num_tokens = 0  # tokens since the reasoning started (the end marker's too)
+        self._num_matched = 0  # how many of the end marker's first tokens end the output
+        self._recent: list[int] = []  # the reasoning's last tokens (as many as the marker has)
+
+    @property
+    def num_reasoning_tokens(self) -> int:
+        """Reasoning tokens so far, not counting any part of the end marker."""
+        return self._num_tokens - self._num_matched
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._state == "reasoning":
+            # counted with a partial end marker: if the marker broke off, its tokens would be
+            # reasoning, past the budget
+            if self._num_tokens >= self.max_reasoning_tokens:
+                bitmask[row].fill_(0)
+                allow_token(bitmask, row, self.end_token_ids[self._num_matched])
+            else:
+                bitmask[row].fill_(-1)
+            return
+        if self.inner is None:
+            bitmask[row].fill_(-1)
+            return
+        self.inner.fill_bitmask(bitmask, row)
+        if self._state == "first":
+            assert self.start_token_id is not None
+            allow_token(bitmask, row, self.start_token_id)
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._state == "first":
+            if token_id == self.start_token_id:
+                self._state = "reasoning"
+                return True
+            self._state = "answer"
+        if self._state == "answer":
+            return True if self.inner is None else self.inner.accept_token(token_id)
+        self._num_tokens += 1
+        self._recent.append(token_id)
+        del self._recent[: -len(self.end_token_ids)]
+        # the longest start of the marker the output ends with
+        self._num_matched = next(
+            (k for k in range(len(self._recent), 0, -1) if self._recent[-k:] == list(self.end_token_ids[:k])),
+            0,
+        )
+        if self._num_matched == len(self.end_token_ids):
+            self._state = "answer"
+        return True
+
+    def is_terminated(self) -> bool:
+        return self._state == "answer" and self.inner is not None and self.inner.is_terminated()
+
+
 @dataclass(slots=True)
 class GuideSpec:
-    """A request's token guide as plain data: the grammar, and how it sits around a thinking
-    model's reasoning block. It crosses the core/engine seam (and could cross a process);
-    the engine compiles the grammar and builds the guide (`build_guide`).
+    """A request's token guide as plain data: the grammar, how it sits around a thinking
+    model's reasoning block, and the reasoning's budget. It crosses the core/engine seam (and
+    could cross a process); the engine compiles the grammar and builds the guide (`build_guide`).
 
     reasoning: "none" — the grammar holds from the first token; "delayed" — the prompt opened
     the reasoning block, the grammar starts after `end_token_ids` (DelayedGuide); "optional" —
     the model may open one with `start_token_id` first (OptionalReasoningGuide).
+    max_reasoning_tokens: the reasoning is held to that many tokens (ReasoningBudgetGuide;
+    needs a reasoning mode other than "none"); with it the grammar may be None (no grammar:
+    the answer is free).
     """
 
-    grammar: GrammarSpec
+    grammar: GrammarSpec | None
     reasoning: str = "none"
     start_token_id: int | None = None
     end_token_ids: tuple[int, ...] = ()
+    max_reasoning_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.reasoning not in ("none", "delayed", "optional"):
@@ -361,10 +454,19 @@ class GuideSpec:
             raise ValueError(f"reasoning mode {self.reasoning!r} needs end_token_ids")
         if self.reasoning == "optional" and self.start_token_id is None:
             raise ValueError("reasoning mode 'optional' needs start_token_id")
+        if self.max_reasoning_tokens is not None and self.reasoning == "none":
+            raise ValueError("max_reasoning_tokens needs a reasoning mode")
+        if self.grammar is None and self.max_reasoning_tokens is None:
+            raise ValueError("a guide needs a grammar or a reasoning budget")
 
 
-def build_guide(spec: GuideSpec, inner: TokenGuide) -> TokenGuide:
-    """The guide `spec` describes around `inner` (a fresh matcher of its grammar)."""
+def build_guide(spec: GuideSpec, inner: TokenGuide | None) -> TokenGuide:
+    """The guide `spec` describes around `inner` (a fresh matcher of its grammar; None when
+    the spec has no grammar)."""
+    if spec.max_reasoning_tokens is not None:
+        start = spec.start_token_id if spec.reasoning == "optional" else None
+        return ReasoningBudgetGuide(inner, spec.end_token_ids, spec.max_reasoning_tokens, start)
+    assert inner is not None, "a guide without a reasoning budget has a grammar"
     if spec.reasoning == "delayed":
         return DelayedGuide(inner, spec.end_token_ids)
     if spec.reasoning == "optional":

@@ -1,6 +1,7 @@
 """The Anthropic Messages dialect on the real server (SmolLM2 as `smollm2-test`), through the
-official `anthropic` SDK: create, stream, a forced tool call streamed, structured output,
-count_tokens, stop sequences, errors, and the same greedy answer as OpenAI chat gives.
+official `anthropic` SDK: create, stream (a ping after message_start), a forced tool call
+streamed, structured output, count_tokens, stop sequences, errors, the same greedy answer as
+OpenAI chat gives, and a prefill continued (as OpenAI chat's continue_final_message does).
 
 Seeded requests (`seed`, an Argosy extension sent in `extra_body`) run concurrently; every
 max_tokens is small so the file stays well under a minute.
@@ -116,8 +117,9 @@ def test_stream_events_in_the_order_the_sdk_parses(http: httpx.Client) -> None:
     events = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
     payloads = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
     assert [p["type"] for p in payloads] == events
-    assert events[0] == "message_start" and events[-2:] == ["message_delta", "message_stop"]
-    assert events[1:-2] == ["content_block_start"] + ["content_block_delta"] * (len(events) - 5) + [
+    assert events[:2] == ["message_start", "ping"] and events[-2:] == ["message_delta", "message_stop"]
+    assert payloads[1] == {"type": "ping"}
+    assert events[2:-2] == ["content_block_start"] + ["content_block_delta"] * (len(events) - 6) + [
         "content_block_stop"
     ]
     assert "data: [DONE]" not in lines  # Anthropic's stream ends with message_stop
@@ -242,4 +244,52 @@ def test_fields_not_honoured_are_named(http: httpx.Client) -> None:
     }
     response = http.post("/v1/messages", json=body)
     assert response.status_code == 200, response.text
-    assert response.headers["x-argosy-degraded"].split(", ") == ["prefill", "frobnicate", "thinking"]
+    assert response.headers["x-argosy-degraded"].split(", ") == ["frobnicate", "thinking"]
+
+
+PREFILL = [
+    {"role": "user", "content": "Name three colors."},
+    {"role": "assistant", "content": "The first color is"},
+]
+
+
+def test_a_prefill_is_continued(
+    claude: anthropic.Anthropic, client: openai.OpenAI, http: httpx.Client
+) -> None:
+    # the prompt's blocks cached first: every request below reads them alike, so decodes alike
+    claude.messages.create(model=MODEL, messages=PREFILL, max_tokens=1, extra_body=GREEDY)  # type: ignore[arg-type]
+    continued = claude.messages.create(model=MODEL, messages=PREFILL, max_tokens=12, extra_body=GREEDY)  # type: ignore[arg-type]
+    text = continued.content[0].text  # type: ignore[union-attr]
+    assert text and not text.startswith("The first color is")  # only what follows the prefill
+    count = claude.messages.count_tokens(model=MODEL, messages=PREFILL)  # type: ignore[arg-type]
+    assert whole_prompt(continued.usage) == count.input_tokens
+    # a new turn's prompt is longer by the end-of-turn and the generation prompt
+    asked = claude.messages.count_tokens(model=MODEL, messages=PREFILL[:1])  # type: ignore[arg-type]
+    assert count.input_tokens > asked.input_tokens
+    # OpenAI chat continues it alike (vLLM's fields), and the prompt is the same
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=PREFILL,  # type: ignore[arg-type]
+        max_tokens=12,
+        temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    assert chat.choices[0].message.content == text
+    assert chat.usage is not None and chat.usage.prompt_tokens == count.input_tokens
+    # streamed, the same text; and nothing is named as not honoured
+    with claude.messages.stream(model=MODEL, messages=PREFILL, max_tokens=12, extra_body=GREEDY) as stream:  # type: ignore[arg-type]
+        assert "".join(stream.text_stream) == text
+    response = http.post("/v1/messages", json={"model": MODEL, "messages": PREFILL, "max_tokens": 2})
+    assert response.status_code == 200 and "x-argosy-degraded" not in response.headers
+
+
+def test_openai_continue_final_message_refusals(client: openai.OpenAI) -> None:
+    for extra, words in [
+        ({"continue_final_message": True}, "cannot both be true"),
+        ({"continue_final_message": True, "add_generation_prompt": False}, "ends with a 'user' message"),
+    ]:
+        messages = PREFILL if "add_generation_prompt" not in extra else PREFILL[:1]
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, extra_body=extra)  # type: ignore[arg-type]
+        assert words in caught.value.message
+        assert caught.value.body["param"] == "continue_final_message"  # type: ignore[index]

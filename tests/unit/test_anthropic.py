@@ -3,14 +3,16 @@ stream events, and its refusals in Anthropic's envelope and statuses (before any
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
+from argosy.api.anthropic import messages
 from argosy.api.anthropic.messages import CountTokensRequest, MessagesRequest
 from argosy.api.anthropic.render import MessageStream, message_json, thinking_signature
 from argosy.api.anthropic.wire import chat_input_from_wire
@@ -198,10 +200,9 @@ def test_degraded_fields() -> None:
         **{"bad name": 2},
         messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure,"}],
     )
-    assert request.degraded_fields() == [
+    assert request.degraded_fields() == [  # a prefill is continued: not named
         "cache_control",
         "speed",
-        "prefill",
         "frobnicate",
         "1 more unknown fields",
     ]
@@ -213,7 +214,9 @@ def test_degraded_fields() -> None:
         "thinking",
         "output_config.effort",
     ]
-    assert thinking.model_degraded(reasoner, []) == ["thinking.budget_tokens"]  # type: ignore[arg-type]
+    assert thinking.model_degraded(reasoner, []) == []  # type: ignore[arg-type]
+    # the chat layer names a budget its guide cannot hold to, in its own word
+    assert thinking.model_degraded(reasoner, ["reasoning_budget"]) == ["thinking.budget_tokens"]  # type: ignore[arg-type]
     disabled = body(thinking={"type": "disabled"})
     assert disabled.model_degraded(Profile(True, set()), []) == ["thinking"]  # type: ignore[arg-type]
     assert disabled.model_degraded(reasoner, []) == []  # type: ignore[arg-type]
@@ -356,6 +359,95 @@ def test_a_stream_ended_by_a_stop_sequence_closes_its_text_block() -> None:
         "message_stop",
     ]
     assert frames[4]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "###"}
+
+
+class SlowStream:
+    """What _stream_events reads of a CoreStream: two text deltas with a wait between them
+    (until `release` is set), then the finish."""
+
+    def __init__(self) -> None:
+        self.usage = Usage(prompt_tokens=5)
+        self.release = asyncio.Event()
+        self.log: list[str] = []
+
+    async def __aenter__(self) -> SlowStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.log.append("stream exited")  # where the real one aborts its engine requests
+
+    async def _events(self) -> AsyncIterator[Any]:
+        try:
+            yield TextDelta(0, "Red")
+            await self.release.wait()
+            yield TextDelta(0, ", blue")
+            yield Finish(0, "stop", self.usage)
+        finally:
+            self.log.append("events closed")
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._events()
+
+
+def test_the_stream_pings_after_message_start_and_while_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(messages, "PING_EVERY_S", 0.01)
+
+    async def main() -> list[dict[str, Any]]:
+        stream = SlowStream()
+        frames: list[dict[str, Any]] = []
+        async for frame in messages._stream_events(body(), stream, "m"):  # type: ignore[arg-type]
+            frames.append(frame)
+            if frame["type"] == "ping" and len(frames) > 2:
+                stream.release.set()  # one ping while waiting: let the next delta come
+        return frames
+
+    frames = asyncio.run(main())
+    assert [f["type"] for f in frames] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "ping",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert frames[1] == {"type": "ping"}
+    assert "".join(f["delta"]["text"] for f in frames if f["type"] == "content_block_delta") == "Red, blue"
+
+
+def test_a_client_gone_mid_wait_ends_the_wait_before_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(messages, "PING_EVERY_S", 0.01)
+
+    async def main() -> SlowStream:
+        stream = SlowStream()
+        frames = messages._stream_events(body(), stream, "m")  # type: ignore[arg-type]
+        seen = [(await anext(frames))["type"] for _ in range(5)]
+        assert seen == ["message_start", "ping", "content_block_start", "content_block_delta", "ping"]
+        await frames.aclose()  # type: ignore[attr-defined]
+        return stream
+
+    assert asyncio.run(main()).log == ["events closed", "stream exited"]
+
+
+def test_prefill_and_a_budget_reach_the_chat_input() -> None:
+    prefill = body(messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure,"}])
+    chat_input = prefill.chat_input()
+    assert chat_input.continue_final_message and not chat_input.add_generation_prompt
+    assert chat_input.messages[-1] == Message("assistant", "Sure,")
+    answered = body().chat_input()
+    assert answered.add_generation_prompt and not answered.continue_final_message
+    assert answered.reasoning_budget is None
+    thinking = body(thinking={"type": "enabled", "budget_tokens": 1024}).chat_input()
+    assert thinking.reasoning_budget == 1024
+    assert body(thinking={"type": "adaptive"}).chat_input().reasoning_budget is None
+    tool_use = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+    with pytest.raises(InvalidRequestError) as caught:
+        body(
+            messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": [tool_use]}]
+        ).check()
+    assert caught.value.param == "messages" and "tool calls" in caught.value.message
 
 
 # -- the HTTP edge: Anthropic's envelope, before any model -------------------------------------

@@ -29,7 +29,14 @@ from argosy.chat.events import (
 )
 from argosy.chat.families import get_family, hermes
 from argosy.chat.markers import SpecialTextFilter
-from argosy.chat.messages import ChatInput, Message, OutputFormat, ToolChoice, ToolDefinition
+from argosy.chat.messages import (
+    ChatInput,
+    Message,
+    OutputFormat,
+    ToolCallRecord,
+    ToolChoice,
+    ToolDefinition,
+)
 from argosy.chat.profile import ChatProfile
 from argosy.chat.template import ChatTemplate
 from argosy.core.channels import ChannelSpec, ChoiceChannels
@@ -280,6 +287,8 @@ class ChatCore:
 
     def guide(self, spec: GuideSpec) -> TokenGuide:
         """The guide the engine would build for `spec`."""
+        if spec.grammar is None:
+            return build_guide(spec, None)
         compiled = asyncio.run(self.grammar.compile(spec.grammar))
         return build_guide(spec, self.grammar.guide(compiled))
 
@@ -421,6 +430,90 @@ def test_special_text_filter_holds_only_a_possible_start() -> None:
     assert text_filter.feed("<|e") == ""
     assert text_filter.flush() == "<|e"
     assert SpecialTextFilter([]).feed("<|eot_id|>") == "<|eot_id|>"
+
+
+# -- a final assistant message continued ------------------------------------------------------
+
+PREFILL = [Message("user", "Name three colors."), Message("assistant", "The first color is")]
+
+
+def test_prepare_continues_a_final_assistant_message(smollm2_core: ChatCore) -> None:
+    continued = prepare(
+        smollm2_core, ChatInput(PREFILL, add_generation_prompt=False, continue_final_message=True)
+    )
+    assert continued.prompt_text.endswith(
+        "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\nThe first color is"
+    )
+    assert continued.prompt_ids == smollm2_core.profile.tokenize(continued.prompt_text)
+    assert not continued.channels.options.is_reasoning_open
+    answered = prepare(smollm2_core, ChatInput(PREFILL))  # a new turn after it, as before
+    assert answered.prompt_text == continued.prompt_text + "<|im_end|>\n<|im_start|>assistant\n"
+    closed = prepare(smollm2_core, ChatInput(PREFILL, add_generation_prompt=False))
+    assert closed.prompt_text == continued.prompt_text + "<|im_end|>\n"
+
+
+def test_our_tool_prompt_still_comes_with_a_continued_message(smollm2_core: ChatCore) -> None:
+    chat_input = ChatInput(
+        [Message("user", "Weather in Paris?"), Message("assistant", "Let me check")],
+        tools=[WEATHER],
+        add_generation_prompt=False,
+        continue_final_message=True,
+    )
+    prepared = prepare(smollm2_core, chat_input)
+    assert "<tools>" in prepared.prompt_text and '"name": "get_weather"' in prepared.prompt_text
+    assert prepared.prompt_text.endswith("<|im_start|>assistant\nLet me check")
+    assert prepared.channels.options.has_tool_calls
+
+
+@pytest.mark.parametrize(
+    ("chat_input", "param", "words"),
+    [
+        (ChatInput(PREFILL, continue_final_message=True), "continue_final_message", "cannot both be true"),
+        (
+            ChatInput(PREFILL[:1], add_generation_prompt=False, continue_final_message=True),
+            "continue_final_message",
+            "ends with a 'user' message",
+        ),
+        (
+            ChatInput(
+                [PREFILL[0], Message("assistant", None, tool_calls=[ToolCallRecord("f", "{}", "call_1")])],
+                add_generation_prompt=False,
+                continue_final_message=True,
+            ),
+            "messages",
+            "made tool calls",
+        ),
+    ],
+)
+def test_what_cannot_be_continued_is_a_400(
+    smollm2_core: ChatCore, chat_input: ChatInput, param: str, words: str
+) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        prepare(smollm2_core, chat_input)
+    assert caught.value.param == param and words in caught.value.message
+
+
+def test_openai_chat_takes_vllms_continuation_fields() -> None:
+    prefill = [USER[0], {"role": "assistant", "content": "It is"}]
+    request = ChatCompletionRequest.model_validate(
+        {"messages": prefill, "continue_final_message": True, "add_generation_prompt": False}
+    )
+    request.check()
+    chat_input = request.chat_input()
+    assert chat_input.continue_final_message and not chat_input.add_generation_prompt
+    plain = ChatCompletionRequest.model_validate({"messages": prefill})
+    assert plain.chat_input().add_generation_prompt and not plain.chat_input().continue_final_message
+    for body, words in [
+        ({"messages": prefill, "continue_final_message": True}, "cannot both be true"),
+        (
+            {"continue_final_message": True, "add_generation_prompt": False},
+            "ends with a 'user' message",
+        ),
+    ]:
+        error = refusal(body)
+        assert error.param == "continue_final_message" and words in error.message
+    error = refusal({"chat_template_kwargs": {"continue_final_message": True}})
+    assert error.param == "chat_template_kwargs"
 
 
 # -- grammars after reasoning ----------------------------------------------------------------

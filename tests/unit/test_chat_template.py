@@ -42,7 +42,9 @@ def smollm2_template() -> str:
     return str(field.contents())
 
 
-def transformers_render(template: str, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+def transformers_render(
+    template: str, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **kwargs: Any
+) -> str:
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
@@ -52,7 +54,9 @@ def transformers_render(template: str, messages: list[dict[str, Any]], **kwargs:
         eos_token=EOS,
         chat_template=template,
     )
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    rendered = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+    )
     assert isinstance(rendered, str)
     return rendered
 
@@ -236,3 +240,65 @@ def test_template_variables_say_what_it_reads() -> None:
     qwen = ChatTemplate(fixture_template("qwen3_style.jinja"))
     assert {"tools", "messages", "enable_thinking", "add_generation_prompt"} <= qwen.variables
     assert "reasoning_effort" not in qwen.variables
+
+
+# -- a final assistant message continued (prefill) ----------------------------------------------
+
+PREFILL = [
+    {"role": "user", "content": "Name three colors."},
+    {"role": "assistant", "content": "The first color is"},
+]
+
+
+def test_smollm2_continues_the_final_message(smollm2_template: str) -> None:
+    template = ChatTemplate(smollm2_template, bos_token=BOS, eos_token=EOS)
+    text = template.render(PREFILL, add_generation_prompt=False, continue_final_message=True)
+    closed = template.render(PREFILL, add_generation_prompt=False)
+    assert text.endswith(
+        "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\nThe first color is"
+    )
+    assert closed == text + "<|im_end|>\n"  # only the end-of-turn is cut
+    assert text == transformers_render(
+        smollm2_template, PREFILL, add_generation_prompt=False, continue_final_message=True
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "messages"),
+    [
+        ("qwen3_style.jinja", PREFILL),
+        ("llama3_style.jinja", PREFILL),
+        # trailing whitespace the template keeps; reasoning before the continued text
+        (
+            "qwen3_style.jinja",
+            [*PREFILL[:1], {**PREFILL[1], "content": "Red, ", "reasoning_content": "Easy."}],
+        ),
+        ("qwen3_style.jinja", [*PREFILL[:1], {"role": "assistant", "content": ""}]),
+    ],
+)
+def test_continuing_matches_transformers(name: str, messages: list[dict[str, Any]]) -> None:
+    template = fixture_template(name)
+    ours = ChatTemplate(template, bos_token=BOS, eos_token=EOS).render(
+        messages, add_generation_prompt=False, continue_final_message=True
+    )
+    assert ours == transformers_render(
+        template, messages, add_generation_prompt=False, continue_final_message=True
+    )
+    assert ours.endswith(messages[-1]["content"]) and not ours.endswith(EOS)
+
+
+def test_a_template_that_trims_content_is_cut_trimmed_too() -> None:
+    source = "{% for m in messages %}[{{ m.role }}] {{ m.content | trim }}<end>{% endfor %}"
+    messages = [*PREFILL[:1], {"role": "assistant", "content": "Red, "}]
+    ours = ChatTemplate(source).render(messages, add_generation_prompt=False, continue_final_message=True)
+    assert ours == "[user] Name three colors.<end>[assistant] Red,"
+    assert ours == transformers_render(
+        source, messages, add_generation_prompt=False, continue_final_message=True
+    )
+
+
+def test_a_template_that_drops_the_content_cannot_continue_it() -> None:
+    source = "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}"
+    with pytest.raises(InvalidRequestError) as caught:
+        ChatTemplate(source).render(PREFILL, add_generation_prompt=False, continue_final_message=True)
+    assert caught.value.param == "messages" and "cannot be continued" in caught.value.message

@@ -9,21 +9,27 @@ Honoured: system, messages (text, tool_use, tool_result, thinking blocks), tools
 (with disable_parallel_tool_use), stop_sequences, temperature, top_p, top_k, max_tokens,
 `output_config.format` (a json_schema: constrained decoding, as chat's response_format),
 `thinking` (`enabled` / `disabled` switch the template's `enable_thinking`; `adaptive` leaves
-the model's default), `output_config.effort` (the template's `reasoning_effort`), and `seed`
-(an Argosy extension, as on the OpenAI routes). Named in `x-argosy-degraded` when they would
-change something on Anthropic and do not here: `thinking.budget_tokens` (no reasoning budget
-is enforced), `thinking` on a model that does not reason (or whose template has no switch),
-`output_config.effort` unless the model reasons and its template reads `reasoning_effort`,
-`thinking.display: omitted`, `service_tier` (other than standard_only), `cache_control` (the prefix
-cache works by itself), `speed` (other than standard), `inference_geo`, `container`,
-`diagnostics`, any field this server does not know, and `prefill`: a conversation ending with
-an assistant message is answered as a new turn, not continued (the chat layer renders every
-prompt with the generation prompt; it cannot continue a final message yet). `metadata` is
-accepted, and so are `user_profile_id` and `workspace_id` (they change no output).
+the model's default), `thinking.budget_tokens` on a model that reasons (once its reasoning
+has run that many tokens, the reasoning's end marker is forced and the answer follows),
+`output_config.effort` (the template's `reasoning_effort`), `seed` (an Argosy extension, as
+on the OpenAI routes), and prefill: a conversation ending with an assistant message is
+continued (the prompt ends with that message's text left open; the reply's content is only
+what follows it, as Anthropic's is). The stream sends `ping` after `message_start` and
+whenever no other event has gone out for PING_EVERY_S seconds. Named in `x-argosy-degraded`
+when they would change something on Anthropic and do not here: `thinking.budget_tokens` on
+a reasoning model whose markers the budget cannot follow (no one-token start marker and a
+prompt that does not open the reasoning), `thinking` on a model that does not reason (or
+whose template has no switch), `output_config.effort` unless the model reasons and its
+template reads `reasoning_effort`, `thinking.display: omitted`, `service_tier` (other than
+standard_only), `cache_control` (the prefix cache works by itself), `speed` (other than
+standard), `inference_geo`, `container`, `diagnostics`, and any field this server does not
+know. `metadata` is accepted, and so are `user_profile_id` and `workspace_id` (they change no
+output).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -35,27 +41,35 @@ from starlette.responses import JSONResponse, Response
 from argosy.api.anthropic.render import MessageStream, message_id, message_json
 from argosy.api.anthropic.wire import chat_input_from_wire
 from argosy.api.errors import anthropic_error_body, anthropic_status_of
-from argosy.api.framing import sse_frames
+from argosy.api.framing import sse_frames, with_heartbeats
 from argosy.api.openapi import takes
 from argosy.api.route import BodyT, ModelRoute, RouteCall, run_route
 from argosy.api.wire import StopField, WireModel, degraded_headers, named_unknown, respond
 from argosy.chat.events import Finish
-from argosy.chat.messages import ChatInput, Message
+from argosy.chat.messages import ChatInput, check_continuation
 from argosy.chat.profile import ChatProfile
 from argosy.core.chat_request import prepare_chat
 from argosy.core.constraints import check_chat_options
+from argosy.core.conversation import message_events
 from argosy.core.recording import SessionSpec
 from argosy.core.service import ModelService
 from argosy.core.stream import CoreRequest, CoreStream, collect
 from argosy.errors import ArgosyError, InvalidRequestError
 from argosy.sampling_params import RequestSampling
-from argosy.sessions.events import MessageAppended, SessionEvent
 
 router = APIRouter()
 
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
+# A stream sends a ping after message_start, then one whenever no event went out for this long
+# (a long prompt's prefill, a queue): proxies and clients see the connection alive.
+PING_EVERY_S = 15.0
+PING: dict[str, Any] = {"type": "ping"}
 # what the chat layer names (OpenAI's words) -> this dialect's field
-_DEGRADED_NAMES = {"response_format": "output_config.format", "tools": "tools"}
+_DEGRADED_NAMES = {
+    "response_format": "output_config.format",
+    "tools": "tools",
+    "reasoning_budget": "thinking.budget_tokens",
+}
 
 
 def _refuse(param: str, message: str) -> InvalidRequestError:
@@ -92,6 +106,7 @@ class CountTokensRequest(WireModel):
     def check(self) -> None:
         """Every refusal that needs no model."""
         chat = self.chat_input()
+        check_continuation(chat)
         check_chat_options(chat.tools, chat.tool_choice, chat.output_format)
 
     # -- thinking and output_config ----------------------------------------------------------
@@ -140,7 +155,7 @@ class CountTokensRequest(WireModel):
             effort = self.effort()
             if effort is not None:
                 kwargs["reasoning_effort"] = effort
-            self._chat = chat_input_from_wire(
+            chat = chat_input_from_wire(
                 self.system,
                 [(m.role, m.content) for m in self.messages],
                 tools=self.tools,
@@ -148,6 +163,12 @@ class CountTokensRequest(WireModel):
                 output_format=self.output_config_value("format"),
                 template_kwargs=kwargs,
             )
+            # prefill: a final assistant message is continued, not answered
+            chat.continue_final_message = self.messages[-1].role == "assistant"
+            chat.add_generation_prompt = not chat.continue_final_message
+            if thinking is not None and thinking["type"] == "enabled":
+                chat.reasoning_budget = thinking["budget_tokens"]
+            self._chat = chat
         return self._chat
 
     # -- what is not honoured ------------------------------------------------------------------
@@ -163,7 +184,6 @@ class CountTokensRequest(WireModel):
             "container": self.container is not None,
             "diagnostics": self.diagnostics is not None,
             "thinking.display": isinstance(self.thinking, dict) and self.thinking.get("display") == "omitted",
-            "prefill": self.messages[-1].role == "assistant",
         }
         return [name for name, is_asked in asks.items() if is_asked] + self.unknown_fields()
 
@@ -175,9 +195,9 @@ class CountTokensRequest(WireModel):
         degraded = [_DEGRADED_NAMES.get(name, name) for name in chat_degraded]
         thinking = self.thinking_config()
         kind = thinking["type"] if thinking is not None else None
-        if kind == "enabled":  # a reasoning model reasons, but no budget holds it
-            degraded.append("thinking.budget_tokens" if profile.has_reasoning else "thinking")
-        elif kind == "disabled" and profile.has_reasoning and not profile.reads("enable_thinking"):
+        # (a reasoner's budget_tokens is the chat layer's to name: `reasoning_budget`)
+        cannot_switch = profile.has_reasoning and not profile.reads("enable_thinking")
+        if (kind == "enabled" and not profile.has_reasoning) or (kind == "disabled" and cannot_switch):
             degraded.append("thinking")
         if self.effort() is not None and not (profile.has_reasoning and profile.reads("reasoning_effort")):
             degraded.append("output_config.effort")
@@ -204,29 +224,6 @@ class MessagesRequest(CountTokensRequest):
         )
 
 
-def session_inputs(messages: list[Message]) -> list[SessionEvent]:
-    """The neutral messages as the session records them (chat's shape)."""
-    return [
-        MessageAppended(
-            role=message.role,
-            content=message.content,
-            tool_calls=[
-                {
-                    "id": call.call_id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }
-                for call in message.tool_calls
-            ]
-            or None,
-            tool_call_id=message.tool_call_id,
-            name=message.name,
-            reasoning=message.reasoning,
-        )
-        for message in messages
-    ]
-
-
 async def to_core(body: MessagesRequest, service: ModelService) -> tuple[CoreRequest, list[str]]:
     """The CoreRequest, and the fields this model does not honour (x-argosy-degraded)."""
     prepared = await prepare_chat(service, body.chat_input())
@@ -241,12 +238,21 @@ async def _stream_events(
     async with stream:
         for frame in writer.start(stream.usage):
             yield frame
-        async for event in stream:
-            frames = (
-                writer.finish(event, stream.usage) if isinstance(event, Finish) else writer.on_event(event)
-            )
-            for frame in frames:
-                yield frame
+        yield PING
+        # closed here, not left to the garbage collector: its wait for the next event ends
+        # before the stream's engine requests are aborted
+        async with contextlib.aclosing(with_heartbeats(aiter(stream), PING_EVERY_S)) as events:
+            async for event in events:
+                if event is None:
+                    yield PING
+                    continue
+                frames = (
+                    writer.finish(event, stream.usage)
+                    if isinstance(event, Finish)
+                    else writer.on_event(event)
+                )
+                for frame in frames:
+                    yield frame
 
 
 async def _complete(body: MessagesRequest, stream: CoreStream, model_id: str) -> dict[str, Any]:
@@ -278,7 +284,7 @@ class MessagesRoute(AnthropicRoute[MessagesRequest]):
         model_id = call.model_id
         core_request, model_degraded = await to_core(body, service)
         core_request.session = SessionSpec(
-            inputs=[session_inputs(body.chat_input().messages)],
+            inputs=[message_events(body.chat_input().messages)],
             metadata={"kind": "message", "model": model_id, "request_id": call.request_id},
         )
         stream = call.start(core_request)

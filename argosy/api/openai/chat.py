@@ -2,7 +2,10 @@
 
 The request becomes a neutral ChatInput (openai_chat_input.py) and then a CoreRequest
 (chat_request.py); the core's channel events come back as `message.content`,
-`message.reasoning_content` and `message.tool_calls`.
+`message.reasoning_content` and `message.tool_calls`. As vLLM's, `add_generation_prompt`
+(default true) and `continue_final_message` (default false: true continues the final
+assistant message, and the reply is only the text generated after it; a 400 naming it with
+another final role, or with add_generation_prompt true) shape the prompt's end.
 
 Streaming: per choice a role chunk first, then deltas per channel (`content`,
 `reasoning_content`, `tool_calls`: a call's `index`, `id`, `type` and `function.name` once,
@@ -29,13 +32,12 @@ from argosy.api.openai.chat_input import chat_input_from_wire
 from argosy.api.openai.common import (
     SamplingFields,
     render_error,
-    token_logprob_json,
     usage_json,
 )
 from argosy.api.openai.content import text_of_parts
 from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
-from argosy.api.wire import respond
+from argosy.api.wire import respond, token_logprob_json
 from argosy.chat.events import (
     Event,
     Finish,
@@ -46,7 +48,7 @@ from argosy.chat.events import (
     ToolCallArgsDelta,
     ToolCallStart,
 )
-from argosy.chat.messages import ChatInput
+from argosy.chat.messages import ChatInput, check_continuation
 from argosy.core.chat_request import prepare_chat
 from argosy.core.constraints import check_chat_options
 from argosy.core.conversation import chat_message_events
@@ -87,6 +89,10 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     response_format: Any = None
     reasoning_effort: str | None = None  # a template variable (honoured if the template reads it)
+    # vLLM's: the prompt ends with a new assistant turn (the default), or with no new turn, or
+    # with the final assistant message left open and continued (the reply is the continuation)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     # Accepted; not honoured.
     functions: list[Any] | None = None
     function_call: Any = None
@@ -102,13 +108,16 @@ class ChatCompletionRequest(SamplingFields):
             message.read_content(f"messages[{position}].content")
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs to be true.", param="top_logprobs")
-        reserved = {"messages", "add_generation_prompt", "tools"} & set(self.chat_template_kwargs or {})
+        reserved = {"messages", "add_generation_prompt", "continue_final_message", "tools"} & set(
+            self.chat_template_kwargs or {}
+        )
         if reserved:
             raise InvalidRequestError(
                 f"chat_template_kwargs may not set {', '.join(sorted(reserved))}: the request's own fields do.",
                 param="chat_template_kwargs",
             )
         chat = self.chat_input()
+        check_continuation(chat)
         check_chat_options(chat.tools, chat.tool_choice, chat.output_format)
 
     def chat_input(self) -> ChatInput:
@@ -125,6 +134,8 @@ class ChatCompletionRequest(SamplingFields):
                 response_format=self.response_format,
                 template_kwargs=kwargs,
             )
+            self._chat.add_generation_prompt = self.add_generation_prompt
+            self._chat.continue_final_message = self.continue_final_message
         return self._chat
 
     def degraded_fields(self) -> list[str]:

@@ -16,7 +16,7 @@ from pydantic import AliasChoices, BeforeValidator, ConfigDict, Field
 
 from argosy.api.errors import openai_error_body
 from argosy.api.wire import StopField, WireModel
-from argosy.chat.events import TokenCandidate, TokenLogprobs, Usage
+from argosy.chat.events import Usage
 from argosy.errors import ArgosyError
 from argosy.sampling_params import RequestSampling
 
@@ -118,26 +118,6 @@ def request_sampling(body: Any, *, max_tokens: int | None, logprobs: int | None 
         logprobs=logprobs,
         ignore_eos=bool(getattr(body, "ignore_eos", False)),
     )
-
-
-def finite_logprob(logprob: float | None) -> float | None:
-    """JSON has no -inf: a token masked out entirely reports a very small number instead."""
-    return logprob if logprob is None or math.isfinite(logprob) else -9999.0
-
-
-def candidate_json(candidate: TokenCandidate) -> dict[str, Any]:
-    """A token as OpenAI's logprobs list it: {token, logprob, bytes}."""
-    return {
-        "token": candidate.token,
-        "logprob": finite_logprob(candidate.logprob),
-        "bytes": list(candidate.token_bytes),
-    }
-
-
-def token_logprob_json(entry: TokenLogprobs) -> dict[str, Any]:
-    """One generated token with its alternatives: {token, logprob, bytes, top_logprobs: [...]},
-    the entry of chat's `logprobs.content` and of a Responses `output_text.logprobs`."""
-    return {**candidate_json(entry.chosen), "top_logprobs": [candidate_json(c) for c in entry.top]}
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:

@@ -23,13 +23,12 @@ from starlette.responses import Response
 from argosy.api.framing import sse_frames
 from argosy.api.openai.common import (
     SamplingFields,
-    finite_logprob,
     render_error,
     usage_json,
 )
 from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
-from argosy.api.wire import respond
+from argosy.api.wire import finite_logprob, respond
 from argosy.chat.events import Finish, PromptEcho, TextDelta, TokenLogprobs
 from argosy.core.recording import SessionSpec
 from argosy.core.service import ModelService

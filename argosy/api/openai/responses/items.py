@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from argosy.api.openai.common import token_logprob_json
 from argosy.api.openai.content import text_of_parts
+from argosy.api.wire import token_logprob_json
 from argosy.chat.events import TokenLogprobs
 from argosy.core.conversation import content_text
 from argosy.core.session_log import logprobs_of
