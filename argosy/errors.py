@@ -38,6 +38,20 @@ class NotFoundError(ArgosyError):
     kind = "not_found"
 
 
+class ModelNotFoundError(NotFoundError):
+    """A request names a model this server does not serve (HTTP 404): `name` is what it
+    named, `served` the ids it could have."""
+
+    def __init__(self, name: str, served: list[str]) -> None:
+        super().__init__(
+            f"The model '{name}' does not exist; this server serves: {', '.join(served)}.",
+            param="model",
+            code="model_not_found",
+        )
+        self.name = name
+        self.served = served
+
+
 class OverloadedError(ArgosyError):
     """Admission refused: queue full (HTTP 503 with Retry-After)."""
 

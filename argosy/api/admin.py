@@ -21,13 +21,14 @@ router = APIRouter()
 
 
 def server_state(registry: ModelRegistry, preloaded: list[str]) -> str:
-    """ok | loading | failed | dead"""
-    states = {e.spec.id: e.state for e in registry.entries}
+    """ok | loading | failed | dead. A start-up model unloaded since (a keep-alive, a request
+    asking it) is not waited for again: the next request loads it."""
+    entries = {e.spec.id: e for e in registry.entries}
     if any(e.state == "loaded" and not e.service.is_alive for e in registry.entries):
         return "dead"
-    if any(states[model_id] == "failed" for model_id in preloaded):
+    if any(entries[model_id].state == "failed" for model_id in preloaded):
         return "failed"
-    if any(states[model_id] != "loaded" for model_id in preloaded):
+    if any(entries[model_id].state != "loaded" and not entries[model_id].num_loads for model_id in preloaded):
         return "loading"
     return "ok"
 

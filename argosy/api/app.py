@@ -21,9 +21,13 @@ from argosy.api.errors import (
     anthropic_status_of,
     headers_of,
     internal_error,
+    ollama_error_body,
+    ollama_status_of,
     openai_error_body,
     status_of,
 )
+from argosy.api.ollama import generate as ollama_generate
+from argosy.api.ollama import models as ollama_models
 from argosy.api.openai import chat as openai_chat
 from argosy.api.openai import completions as openai_completions
 from argosy.api.openai import embeddings as openai_embeddings
@@ -44,23 +48,30 @@ ErrorStatus = Callable[[ArgosyError], int]
 
 
 class ErrorRenderers:
-    """Each dialect's error envelope and statuses, registered by route path (not by prefix):
-    an error on a route renders in that route's dialect; anything else, unknown routes
-    included, in OpenAI's."""
+    """Each dialect's error envelope and statuses, registered by route path, or by a path
+    prefix that is a dialect's own (`/api/`: Ollama): an error on a route renders in that
+    route's dialect; anything else, unknown routes included, in OpenAI's."""
 
     def __init__(self, default: ErrorRenderer = openai_error_body, status: ErrorStatus = status_of) -> None:
         self.default = (default, status)
         self._by_path: dict[str, tuple[ErrorRenderer, ErrorStatus]] = {}
+        self._by_prefix: list[tuple[str, tuple[ErrorRenderer, ErrorStatus]]] = []
 
     def register(self, path: str, render: ErrorRenderer, status: ErrorStatus = status_of) -> None:
         self._by_path[path] = (render, status)
+
+    def register_prefix(self, prefix: str, render: ErrorRenderer, status: ErrorStatus = status_of) -> None:
+        self._by_prefix.append((prefix, (render, status)))
 
     def dialect_for(self, scope: Scope) -> tuple[ErrorRenderer, ErrorStatus]:
         route = scope.get("route")
         path_format = getattr(route, "path", None) if route is not None else None
         if path_format is not None and path_format in self._by_path:
             return self._by_path[path_format]
-        return self._by_path.get(scope.get("path", ""), self.default)
+        path = scope.get("path", "")
+        if path in self._by_path:
+            return self._by_path[path]
+        return next((dialect for prefix, dialect in self._by_prefix if path.startswith(prefix)), self.default)
 
     def for_scope(self, scope: Scope) -> ErrorRenderer:
         return self.dialect_for(scope)[0]
@@ -115,11 +126,19 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 # the routes that start generations (counted as arriving at the engine, see ArrivalMiddleware)
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+GENERATION_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/api/chat",
+    "/api/generate",
+)
 
 
-# the routes that answer in Anthropic's error envelope
+# the routes that answer in Anthropic's error envelope; Ollama's: everything under /api/
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+OLLAMA_PREFIX = "/api/"
 
 
 def build_app(
@@ -139,6 +158,7 @@ def build_app(
     app.state.error_renderers = ErrorRenderers()
     for path in ANTHROPIC_PATHS:
         app.state.error_renderers.register(path, anthropic_error_body, anthropic_status_of)
+    app.state.error_renderers.register_prefix(OLLAMA_PREFIX, ollama_error_body, ollama_status_of)
     routers = [
         module.router
         for module in (
@@ -149,6 +169,8 @@ def build_app(
             openai_responses,
             openai_embeddings,
             anthropic_messages,
+            ollama_generate,
+            ollama_models,
         )
     ]
     for router in routers:

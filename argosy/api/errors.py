@@ -15,7 +15,7 @@ from typing import Any
 
 import pydantic
 
-from argosy.errors import ArgosyError, InvalidRequestError, OverloadedError
+from argosy.errors import ArgosyError, InvalidRequestError, ModelNotFoundError, OverloadedError
 
 # kind -> (HTTP status, OpenAI error type)
 ERROR_TABLE: dict[str, tuple[int, str]] = {
@@ -96,6 +96,38 @@ def anthropic_error_body(error: ArgosyError) -> dict[str, Any]:
     message names the field)."""
     error_type = ANTHROPIC_ERROR_TABLE.get(error.kind, _ANTHROPIC_FALLBACK)[1]
     return {"type": "error", "error": {"type": error_type, "message": error.message}}
+
+
+# kind -> HTTP status on Ollama's routes: its own (400, 404, 413, 429, 500, 503 "server busy").
+OLLAMA_STATUS: dict[str, int] = {
+    "invalid_request": 400,
+    "context_length_exceeded": 400,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "payload_too_large": 413,
+    "rate_limited": 429,
+    "model_loading": 503,
+    "overloaded": 503,
+    "storage_unavailable": 503,
+    "storage_full": 507,
+    "model_load_error": 500,
+    "internal_error": 500,
+}
+
+
+def ollama_status_of(error: ArgosyError) -> int:
+    return OLLAMA_STATUS.get(error.kind, 500)
+
+
+def ollama_error_body(error: ArgosyError) -> dict[str, Any]:
+    """Ollama's envelope: {"error": "message"}. An unknown model says so in Ollama's words
+    (`model "x" not found`), which clients and tools match on."""
+    if isinstance(error, ModelNotFoundError):
+        served = ", ".join(error.served)
+        return {
+            "error": f'model "{error.name}" not found (this server serves: {served}; models are configured, not pulled)'
+        }
+    return {"error": error.message}
 
 
 def internal_error(exc: BaseException) -> ArgosyError:

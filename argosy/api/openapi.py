@@ -4,9 +4,11 @@ Every route the app registers is in it (FastAPI lists them), with what FastAPI c
 because the model routes read their bodies themselves (argosy/api/route.py):
 - the request body of each route marked with `takes(Model)`: the pydantic model's JSON schema
   (all models' definitions in components/schemas, names made unique by pydantic);
-- the media types it answers with: JSON, and an SSE stream where `streams=True`;
+- the media types it answers with: JSON, and an SSE stream where `streams=True` (Ollama's
+  routes: an NDJSON stream, `streams=NDJSON`);
 - the error envelope on every 4xx and 5xx (`{"error": {"message", "type", "param", "code"}}`,
-  or Anthropic's `{"type": "error", "error": {"type", "message"}}` on its routes);
+  Anthropic's `{"type": "error", "error": {"type", "message"}}` or Ollama's `{"error": "…"}`
+  on theirs);
 - query parameters the handler reads, from `query(...)` in the route's `openapi_extra`.
 
 tests/faults/test_fuzz.py fuzzes the server against this document (and the OpenAI routes
@@ -60,7 +62,18 @@ ANTHROPIC_ERROR_SCHEMA: dict[str, Any] = {
         },
     },
 }
-ERROR_SCHEMAS = {"Error": ERROR_SCHEMA, "AnthropicError": ANTHROPIC_ERROR_SCHEMA}
+OLLAMA_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "string"}},
+}
+ERROR_SCHEMAS = {
+    "Error": ERROR_SCHEMA,
+    "AnthropicError": ANTHROPIC_ERROR_SCHEMA,
+    "OllamaError": OLLAMA_ERROR_SCHEMA,
+}
+SSE = "text/event-stream"
+NDJSON = "application/x-ndjson"
 
 
 # one server-sent event, as schemathesis checks each event of a stream
@@ -72,11 +85,11 @@ SSE_EVENT: dict[str, Any] = {
 
 
 def takes(
-    body: type[BaseModel], *, streams: bool = False, errors: str = "Error"
+    body: type[BaseModel] | None, *, streams: bool | str = False, errors: str = "Error"
 ) -> Callable[[EndpointT], EndpointT]:
-    """Mark an endpoint as reading a JSON body of type `body`; `streams`: it answers with an
-    SSE stream when the body asks for one; `errors`: its error envelope (a key of
-    ERROR_SCHEMAS)."""
+    """Mark an endpoint as reading a JSON body of type `body` (None: no body); `streams`: it
+    answers with an SSE stream (or one of this media type) when the body asks for one;
+    `errors`: its error envelope (a key of ERROR_SCHEMAS)."""
     if errors not in ERROR_SCHEMAS:
         raise ValueError(f"unknown error envelope {errors!r}")
 
@@ -100,36 +113,40 @@ def openapi_document(app: FastAPI, routers: list[APIRouter]) -> dict[str, Any]:
     routes = [route for router in routers for route in router.routes if isinstance(route, APIRoute)]
     marked = [(route, getattr(route.endpoint, _BODY)) for route in routes if hasattr(route.endpoint, _BODY)]
     refs, definitions = models_json_schema(
-        [(body, "validation") for _, (body, _, _) in marked], ref_template=_SCHEMAS + "{model}"
+        [(body, "validation") for _, (body, _, _) in marked if body is not None],
+        ref_template=_SCHEMAS + "{model}",
     )
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     schemas.update(definitions.get("$defs", {}))
     schemas.update(ERROR_SCHEMAS)
     bodies = {
-        id(route): (refs[(body, "validation")], streams, errors) for route, (body, streams, errors) in marked
+        id(route): (refs[(body, "validation")] if body is not None else None, streams, errors)
+        for route, (body, streams, errors) in marked
     }
     for route in routes:
+        if not route.include_in_schema:
+            continue
         for method in route.methods or ():
             operation = document["paths"][route.path_format][method.lower()]
-            body = bodies.get(id(route))
-            if body is not None:
+            schema, streams, errors = bodies.get(id(route), (None, False, "Error"))
+            if schema is not None:
                 operation["requestBody"] = {
                     "required": True,
-                    "content": {"application/json": {"schema": body[0]}},
+                    "content": {"application/json": {"schema": schema}},
                 }
-            _document_responses(
-                operation, streams=body is not None and body[1], errors=body[2] if body else "Error"
-            )
+            _document_responses(operation, streams=streams, errors=errors)
     app.openapi_schema = document
     return document
 
 
-def _document_responses(operation: dict[str, Any], *, streams: bool, errors: str) -> None:
+def _document_responses(operation: dict[str, Any], *, streams: bool | str, errors: str) -> None:
     responses = operation.setdefault("responses", {})
     ok = responses.setdefault("200", {"description": "Successful Response"})
     content = ok.setdefault("content", {"application/json": {"schema": {}}})
-    if streams:
-        content["text/event-stream"] = {"schema": SSE_EVENT}
+    if streams is True or streams == SSE:
+        content[SSE] = {"schema": SSE_EVENT}
+    elif streams:
+        content[str(streams)] = {"schema": {}}
     responses.pop("422", None)  # FastAPI's validation error: this server answers 400 instead
     error = {"content": {"application/json": {"schema": {"$ref": _SCHEMAS + errors}}}}
     responses.setdefault("4XX", {"description": "The request is refused", **error})

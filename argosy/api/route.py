@@ -73,7 +73,7 @@ class ModelRoute(Generic[BodyT]):
     `serve`; `check`, `model_name` and `qos` have the common defaults."""
 
     route: ClassVar[str]  # e.g. "POST /v1/chat/completions"
-    kind: ClassVar[str] = "chat"  # the model kind it needs
+    kind: ClassVar[str | None] = "chat"  # the model kind it needs (None: any)
     body_type: type[BodyT]
 
     def check(self, body: BodyT) -> None:

@@ -47,6 +47,7 @@ class ChoiceState:
         self.usage = Usage(prompt_tokens=len(prompt_ids))
         self.finish_reason: str | None = None
         self.has_output = False
+        self.output_ids: list[int] = []  # every token generated so far
         self._needs_echo = echo
         self._channels = channels
         self._tokenizer = tokenizer
@@ -61,6 +62,7 @@ class ChoiceState:
         if out.error is not None or out.finish_reason == "error":
             raise ArgosyError(f"Generation failed: {out.error or 'engine error'}")
         self.has_output = True
+        self.output_ids.extend(out.new_token_ids)
         self.usage.completion_tokens = out.num_output_tokens
         self.usage.cached_tokens = out.num_cached_tokens
         self.usage.spec_proposed_tokens = out.num_spec_proposed

@@ -69,7 +69,7 @@ class Pipeline:
         self.policy = policy or _no_policy
         self.on_event = on_event or _no_events
 
-    async def acquire(self, ctx: RequestContext, model_name: str | None, kind: str) -> Lease:
+    async def acquire(self, ctx: RequestContext, model_name: str | None, kind: str | None) -> Lease:
         """Policy, then resolve (404 / wrong kind: no load), then a lease on the loaded model."""
         self.policy(ctx, model_name)
         entry = self.registry.resolve(model_name, kind)

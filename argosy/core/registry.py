@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from typing import Any, Protocol
 from argosy.config import ModelSpec, OperatorSampling
 from argosy.core.service import ModelInfo
 from argosy.engine.arrivals import Arrival
-from argosy.errors import ArgosyError, InvalidRequestError, ModelUnavailableError, NotFoundError
+from argosy.errors import ArgosyError, InvalidRequestError, ModelNotFoundError, ModelUnavailableError
 from argosy.ops.memory import release_free_memory
 from argosy.sampling_params import effective_defaults
 
@@ -67,6 +68,9 @@ class ModelEntry:
     num_active: int = 0  # leases held
     last_used: float = field(default_factory=time.monotonic)
     num_loads: int = 0
+    # a request's keep-alive (Ollama's `keep_alive`): seconds idle before it is unloaded, from
+    # the last request's end; math.inf: never; None: the model's or the server's setting
+    keep_alive_override: float | None = None
     loading: asyncio.Future[None] | None = None
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     unloaded: asyncio.Event = field(default_factory=asyncio.Event)
@@ -162,12 +166,7 @@ class ModelRegistry:
             raise InvalidRequestError(f"This server serves no {kind} model.", param="model")
         found = self._by_name.get(name)
         if found is None:
-            served = ", ".join(e.spec.id for e in self.entries)
-            raise NotFoundError(
-                f"The model '{name}' does not exist; this server serves: {served}.",
-                param="model",
-                code="model_not_found",
-            )
+            raise ModelNotFoundError(name, [e.spec.id for e in self.entries])
         if kind is not None and found.spec.kind != kind:
             article = "an" if found.spec.kind[0] in "aeiou" else "a"
             raise InvalidRequestError(
@@ -324,6 +323,7 @@ class ModelRegistry:
         service, entry.service = entry.service, None
         await asyncio.to_thread(service.shutdown)
         entry.state = "unloaded"
+        entry.keep_alive_override = None
         entry.unloaded.set()
         log.info("model %r unloaded", entry.spec.id)
 
@@ -351,12 +351,35 @@ class ModelRegistry:
                 restarted.append(entry.spec.id)
         return restarted
 
+    def keep_alive_of(self, entry: ModelEntry) -> float | None:
+        """Seconds `entry` may sit idle before it is unloaded (None: forever)."""
+        if entry.keep_alive_override is not None:
+            return None if math.isinf(entry.keep_alive_override) else entry.keep_alive_override
+        return entry.spec.keep_alive if entry.spec.keep_alive is not None else self.keep_alive_s
+
+    def set_keep_alive(self, entry: ModelEntry, seconds: float) -> None:
+        """A request's keep-alive for `entry` (negative or math.inf: keep it loaded; 0: unload it
+        as soon as its requests are done), until another request sets one; the idle sweep acts
+        on it. The configuration's setting applies again once the model unloads."""
+        entry.keep_alive_override = math.inf if seconds < 0 else seconds
+
+    def expires_in(self, entry: ModelEntry, now: float | None = None) -> float | None:
+        """Seconds until the idle sweep unloads a loaded `entry` (None: never); a model in
+        use counts its keep-alive from now."""
+        keep_alive = self.keep_alive_of(entry)
+        if keep_alive is None or not entry.is_evictable:
+            return None
+        if entry.num_active:
+            return keep_alive
+        now = time.monotonic() if now is None else now
+        return max(0.0, keep_alive - (now - entry.last_used))
+
     async def sweep_idle(self, now: float | None = None) -> list[str]:
         """Unload models idle past their keep-alive; the ids unloaded."""
         now = time.monotonic() if now is None else now
         unloaded = []
         for entry in self.entries:
-            keep_alive = entry.spec.keep_alive if entry.spec.keep_alive is not None else self.keep_alive_s
+            keep_alive = self.keep_alive_of(entry)
             if keep_alive is None or not entry.is_evictable or entry.num_active:
                 continue
             if now - entry.last_used >= keep_alive:

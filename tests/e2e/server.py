@@ -15,8 +15,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -144,3 +147,42 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=5)
+
+
+# The two models most multi-model tests need: SmolLM2 in bf16 eager (the e2e suite's pinned
+# mode) and all-MiniLM-L6-v2 for embeddings (loaded on its first request).
+SMOLLM2_AND_MINILM_TOML = """
+[[model]]
+id = "smollm2"
+source = "smollm2"
+quantization = "none"
+compile = "off"
+max_model_len = 1024
+
+[[model]]
+id = "minilm"
+source = "minilm"
+aliases = ["all-MiniLM-L6-v2"]
+"""
+
+
+@contextmanager
+def models_server(directory: Path, models_toml: str, **options: Any) -> Iterator[ServerProcess]:
+    """A server of the models `models_toml` configures (written under `directory`), stopped
+    on exit; `options` are ServerProcess fields."""
+    toml = directory / "models.toml"
+    toml.write_text(models_toml)
+    extra_flags = ["--models", str(toml), *options.pop("extra_flags", [])]
+    server = ServerProcess(
+        model=None,  # type: ignore[arg-type]
+        quantization=None,
+        compile=None,
+        extra_flags=extra_flags,
+        startup_timeout_s=600,
+        **options,
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

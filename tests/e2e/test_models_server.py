@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from tests.e2e.server import ServerProcess
+from tests.e2e.server import models_server as start_models_server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 TEXTS = [
@@ -59,20 +60,8 @@ def minilm_folder() -> Path:
 
 @pytest.fixture(scope="module")
 def models_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    toml = tmp_path_factory.mktemp("models") / "models.toml"
-    toml.write_text(MODELS_TOML)
-    server = ServerProcess(
-        model=None,  # type: ignore[arg-type]
-        quantization=None,
-        compile=None,
-        extra_flags=["--models", str(toml)],
-        startup_timeout_s=600,
-    )
-    server.start()
-    try:
+    with start_models_server(tmp_path_factory.mktemp("models"), MODELS_TOML) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

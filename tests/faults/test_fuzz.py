@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.server import ServerProcess
+from tests.e2e.server import SMOLLM2_AND_MINILM_TOML, ServerProcess, models_server
 from tests.faults.fuzz import FuzzReport, fuzz, openai_schema, own_schema
 
 FUZZ_EXAMPLES = int(os.environ.get("ARGOSY_FUZZ_EXAMPLES", "24"))
@@ -24,39 +23,18 @@ MODELS = {
     "/responses": "smollm2",
     "/messages": "smollm2",
     "/count_tokens": "smollm2",
-    "/embeddings": "minilm",
+    "/embeddings": "minilm",  # /v1/embeddings and Ollama's /api/embeddings
+    "/api/chat": "smollm2",
+    "/api/generate": "smollm2",
+    "/api/show": "smollm2",
+    "/api/embed": "minilm",
 }
-MODELS_TOML = """
-[[model]]
-id = "smollm2"
-source = "smollm2"
-quantization = "none"
-compile = "off"
-max_model_len = 1024
-
-[[model]]
-id = "minilm"
-source = "minilm"
-aliases = ["all-MiniLM-L6-v2"]
-"""
 
 
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    toml: Path = tmp_path_factory.mktemp("fuzz") / "models.toml"
-    toml.write_text(MODELS_TOML)
-    server = ServerProcess(
-        model=None,  # type: ignore[arg-type]
-        quantization=None,
-        compile=None,
-        extra_flags=["--models", str(toml)],
-        startup_timeout_s=600,
-    )
-    server.start()
-    try:
+    with models_server(tmp_path_factory.mktemp("fuzz"), SMOLLM2_AND_MINILM_TOML) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def stored_responses(base_url: str) -> list[str]:

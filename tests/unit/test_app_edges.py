@@ -278,6 +278,19 @@ def test_the_openapi_document_lists_every_route_with_its_body(client: TestClient
         ("/v1/argosy/responses/{response_id}/prompt", "get"),
         ("/v1/messages", "post"),
         ("/v1/messages/count_tokens", "post"),
+        ("/api/chat", "post"),
+        ("/api/generate", "post"),
+        ("/api/show", "post"),
+        ("/api/embed", "post"),
+        ("/api/embeddings", "post"),
+        ("/api/tags", "get"),
+        ("/api/ps", "get"),
+        ("/api/version", "get"),
+        ("/api/pull", "post"),
+        ("/api/push", "post"),
+        ("/api/create", "post"),
+        ("/api/copy", "post"),
+        ("/api/delete", "delete"),
     }
     schemas = document["components"]["schemas"]
     for path, model in [
@@ -287,14 +300,23 @@ def test_the_openapi_document_lists_every_route_with_its_body(client: TestClient
         ("/v1/embeddings", "EmbeddingRequest"),
         ("/v1/messages", "MessagesRequest"),
         ("/v1/messages/count_tokens", "CountTokensRequest"),
+        ("/api/chat", "ChatRequest"),
+        ("/api/generate", "GenerateRequest"),
+        ("/api/embed", "EmbedRequest"),
     ]:
         operation = document["paths"][path]["post"]
         body = operation["requestBody"]["content"]["application/json"]["schema"]
         assert body == {"$ref": f"#/components/schemas/{model}"} and "properties" in schemas[model]
         media = set(operation["responses"]["200"]["content"])
-        streams = path not in ("/v1/embeddings", "/v1/messages/count_tokens")
-        assert media == ({"application/json", "text/event-stream"} if streams else {"application/json"})
-        envelope = "/AnthropicError" if path.startswith("/v1/messages") else "/Error"
+        streams = {"/api/chat": "application/x-ndjson", "/api/generate": "application/x-ndjson"}.get(
+            path,
+            "text/event-stream"
+            if path not in ("/v1/embeddings", "/v1/messages/count_tokens", "/api/embed")
+            else None,
+        )
+        assert media == ({"application/json", streams} if streams else {"application/json"})
+        envelopes = {"/v1/messages": "/AnthropicError", "/api/": "/OllamaError"}
+        envelope = next((e for prefix, e in envelopes.items() if path.startswith(prefix)), "/Error")
         for statuses in ("4XX", "5XX"):
             schema = operation["responses"][statuses]["content"]["application/json"]["schema"]
             assert schema["$ref"].endswith(envelope)

@@ -73,3 +73,21 @@ def test_the_checker_sees_a_crossing(tmp_path: Path) -> None:
         "argosy.core.service",
         "argosy.api.app",
     ]
+
+
+DIALECTS = ("openai", "anthropic", "ollama")
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_dialect_imports_no_other_dialect(dialect: str) -> None:
+    """Each dialect translates in and renders out on its own; what they share is in api/
+    itself (wire.py, framing.py, errors.py, route.py)."""
+    others = [f"argosy.api.{other}" for other in DIALECTS if other != dialect]
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for path in sorted((PACKAGE / "api" / dialect).rglob("*.py"))
+        for line, module in imported_modules(path)
+        if any(module == other or module.startswith(other + ".") for other in others)
+    ]
+    assert (PACKAGE / "api" / dialect).is_dir()
+    assert bad == []
