@@ -25,7 +25,7 @@ from tests.e2e.server import ServerProcess
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MODEL = "smollm2-test"
-SEEDS = range(4)
+SEEDS = range(20)  # the issue asks each seeded check over 20 seeds
 # A system prompt of this file's own: its KV blocks are not shared with other files' checks.
 SYSTEM = "You are a concise assistant for the Anthropic dialect tests."
 ASK = [{"role": "user", "content": "Name three colors."}]
@@ -55,7 +55,7 @@ T = TypeVar("T")
 
 
 def for_seeds(make: Callable[[int], T]) -> list[T]:
-    with ThreadPoolExecutor(len(SEEDS)) as pool:
+    with ThreadPoolExecutor(8) as pool:
         return list(pool.map(make, SEEDS))
 
 

@@ -169,6 +169,9 @@ def test_thinking_and_effort_switch_the_template() -> None:
     assert enabled.chat_input().template_kwargs == {"enable_thinking": True, "reasoning_effort": "low"}
     assert body(thinking={"type": "disabled"}).chat_input().template_kwargs == {"enable_thinking": False}
     assert body(thinking={"type": "adaptive"}).chat_input().template_kwargs == {}
+    between = body(thinking={"type": "between_tools"})
+    assert between.chat_input().template_kwargs == {"enable_thinking": False}  # thinking off
+    assert between.degraded_fields() == ["thinking.between_tools"]  # progress text comes back as text
     for bad, param in [
         ({"thinking": {"type": "on"}}, "thinking.type"),
         ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
@@ -514,3 +517,45 @@ def test_refusals_are_in_anthropics_envelope(client: TestClient) -> None:
     assert_anthropic_error(client.post("/v1/messages/count_tokens", json=count), 529, "overloaded_error")
     # the OpenAI routes keep their own envelope
     assert set(client.post("/v1/chat/completions", json={"messages": []}).json()) == {"error"}
+
+
+def test_thinking_display_omitted_keeps_the_signature_only() -> None:
+    collector = ChannelCollector()
+    collector.add(e for e in CALL_EVENTS if not isinstance(e, LogprobsDelta))
+    message = message_json(
+        response_id="msg_1",
+        model_id="m",
+        parsed=collector.result(),
+        finish_reason="tool_calls",
+        stop_reason=None,
+        stop_sequences=None,
+        usage=USAGE,
+        omit_thinking=True,
+    )
+    assert message["content"][0] == {
+        "type": "thinking",
+        "thinking": "",
+        "signature": thinking_signature("Need weather."),
+    }
+    writer = MessageStream("msg_1", "m", None, omit_thinking=True)
+    frames = writer.start(Usage())
+    for event in CALL_EVENTS:
+        frames += writer.on_event(event)
+    deltas = [f["delta"]["type"] for f in frames if f["type"] == "content_block_delta"]
+    assert "thinking_delta" not in deltas and deltas[0] == "signature_delta"
+    assert body(thinking={"type": "adaptive", "display": "omitted"}).degraded_fields() == []
+
+
+def test_betas_without_their_behaviour_are_named() -> None:
+    from starlette.requests import Request
+
+    headers = [
+        (b"anthropic-beta", b"token-counting-2024-11-01, claude-code-20250219"),
+        (b"anthropic-beta", b"context-1m-2025-08-07"),
+    ]
+    request = Request({"type": "http", "headers": headers})
+    assert messages.beta_degraded(request) == [
+        "anthropic-beta:claude-code-20250219",
+        "anthropic-beta:context-1m-2025-08-07",
+    ]
+    assert messages.beta_degraded(Request({"type": "http", "headers": []})) == []

@@ -3,7 +3,8 @@
 The body becomes a neutral ChatInput (wire.py), then a CoreRequest (core/chat_request.py),
 as OpenAI chat's does; the core's events come back as a message or its stream (render.py).
 Errors on these routes are Anthropic's envelope (`api/errors.py`, registered in app.py).
-`anthropic-version` / `anthropic-beta` headers are accepted and change nothing.
+The `anthropic-version` header is accepted and changes nothing; `anthropic-beta` values are
+accepted, those whose behaviour this server lacks named as degraded.
 
 Honoured: system, messages (text, tool_use, tool_result, thinking blocks), tools, tool_choice
 (with disable_parallel_tool_use), stop_sequences, temperature, top_p, top_k, max_tokens,
@@ -15,12 +16,15 @@ has run that many tokens, the reasoning's end marker is forced and the answer fo
 on the OpenAI routes), and prefill: a conversation ending with an assistant message is
 continued (the prompt ends with that message's text left open; the reply's content is only
 what follows it, as Anthropic's is). The stream sends `ping` after `message_start` and
-whenever no other event has gone out for PING_EVERY_S seconds. Named in `x-argosy-degraded`
+whenever no other event has gone out for PING_EVERY_S seconds. `thinking.display: omitted`
+returns thinking blocks with empty text and their signature (no thinking_delta is streamed). Named in `x-argosy-degraded`
 when they would change something on Anthropic and do not here: `thinking.budget_tokens` on
 a reasoning model whose markers the budget cannot follow (no one-token start marker and a
 prompt that does not open the reasoning), `thinking` on a model that does not reason (or
 whose template has no switch), `output_config.effort` unless the model reasons and its
-template reads `reasoning_effort`, `thinking.display: omitted`, `service_tier` (other than
+template reads `reasoning_effort`, `thinking: between_tools` (thinking is off, but what the
+model writes between tool calls comes back as text blocks, not thinking blocks), any
+`anthropic-beta` other than KNOWN_BETAS (as `anthropic-beta:<name>`), `service_tier` (other than
 standard_only), `cache_control` (the prefix cache works by itself), `speed` (other than
 standard), `inference_geo`, `container`, `diagnostics`, and any field this server does not
 know. `metadata` is accepted, and so are `user_profile_id` and `workspace_id` (they change no
@@ -60,6 +64,27 @@ from argosy.sampling_params import RequestSampling
 router = APIRouter()
 
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
+THINKING_TYPES = ("enabled", "disabled", "adaptive", "between_tools")
+# anthropic-beta values whose behaviour this server has (any other is named as degraded)
+KNOWN_BETAS = frozenset(
+    {
+        "token-counting-2024-11-01",  # /v1/messages/count_tokens
+        "prompt-caching-2024-07-31",  # the prefix cache is automatic
+        "fine-grained-tool-streaming-2025-05-14",  # input_json_delta streams as it is decoded
+        "interleaved-thinking-2025-05-14",  # reasoning may open between tool calls
+        "output-128k-2025-02-19",  # max_tokens is bounded by the model's context only
+        "structured-outputs-2025-11-13",  # output_config.format / strict tools
+    }
+)
+
+
+def beta_degraded(request: Request) -> list[str]:
+    """Betas a client turned on that change nothing here, as `anthropic-beta:<name>`."""
+    header = ",".join(request.headers.getlist("anthropic-beta"))
+    betas = [beta.strip() for beta in header.split(",") if beta.strip()]
+    return [f"anthropic-beta:{beta}" for beta in named_unknown(b for b in betas if b not in KNOWN_BETAS)]
+
+
 # A stream sends a ping after message_start, then one whenever no event went out for this long
 # (a long prompt's prefill, a queue): proxies and clients see the connection alive.
 PING_EVERY_S = 15.0
@@ -117,8 +142,8 @@ class CountTokensRequest(WireModel):
         if not isinstance(self.thinking, dict):
             raise _refuse("thinking", "expected an object")
         kind = self.thinking.get("type")
-        if kind not in ("enabled", "disabled", "adaptive"):
-            raise _refuse("thinking.type", f"expected 'enabled', 'disabled' or 'adaptive', got {kind!r}")
+        if kind not in THINKING_TYPES:
+            raise _refuse("thinking.type", f"expected one of {', '.join(THINKING_TYPES)}, got {kind!r}")
         budget = self.thinking.get("budget_tokens")
         if kind == "enabled":
             if budget is None:
@@ -131,6 +156,11 @@ class CountTokensRequest(WireModel):
         if display not in (None, "summarized", "omitted"):
             raise _refuse("thinking.display", f"expected 'summarized' or 'omitted', got {display!r}")
         return self.thinking
+
+    @property
+    def omits_thinking(self) -> bool:
+        """`thinking.display: omitted`: thinking blocks come back empty, with their signature."""
+        return isinstance(self.thinking, dict) and self.thinking.get("display") == "omitted"
 
     def output_config_value(self, key: str) -> Any:
         if self.output_config is None:
@@ -150,7 +180,7 @@ class CountTokensRequest(WireModel):
         if self._chat is None:
             kwargs: dict[str, Any] = {}
             thinking = self.thinking_config()
-            if thinking is not None and thinking["type"] != "adaptive":
+            if thinking is not None and thinking["type"] != "adaptive":  # between_tools: thinking off
                 kwargs["enable_thinking"] = thinking["type"] == "enabled"
             effort = self.effort()
             if effort is not None:
@@ -183,7 +213,9 @@ class CountTokensRequest(WireModel):
             "inference_geo": self.inference_geo is not None,
             "container": self.container is not None,
             "diagnostics": self.diagnostics is not None,
-            "thinking.display": isinstance(self.thinking, dict) and self.thinking.get("display") == "omitted",
+            # thinking is off; what a model writes between tool calls comes back as text blocks
+            "thinking.between_tools": isinstance(self.thinking, dict)
+            and self.thinking.get("type") == "between_tools",
         }
         return [name for name, is_asked in asks.items() if is_asked] + self.unknown_fields()
 
@@ -234,7 +266,7 @@ async def to_core(body: MessagesRequest, service: ModelService) -> tuple[CoreReq
 async def _stream_events(
     body: MessagesRequest, stream: CoreStream, model_id: str
 ) -> AsyncIterator[dict[str, Any]]:
-    writer = MessageStream(message_id(), model_id, body.stop_sequences)
+    writer = MessageStream(message_id(), model_id, body.stop_sequences, omit_thinking=body.omits_thinking)
     async with stream:
         for frame in writer.start(stream.usage):
             yield frame
@@ -268,6 +300,7 @@ async def _complete(body: MessagesRequest, stream: CoreStream, model_id: str) ->
         stop_reason=result.stop_reason,
         stop_sequences=body.stop_sequences,
         usage=usage,
+        omit_thinking=body.omits_thinking,
     )
 
 
@@ -288,7 +321,7 @@ class MessagesRoute(AnthropicRoute[MessagesRequest]):
             metadata={"kind": "message", "model": model_id, "request_id": call.request_id},
         )
         stream = call.start(core_request)
-        degraded = body.degraded_fields() + model_degraded
+        degraded = body.degraded_fields() + model_degraded + beta_degraded(call.request)
         return await respond(
             call.request,
             stream,
@@ -313,7 +346,11 @@ class CountTokensRoute(AnthropicRoute[CountTokensRequest]):
 
     async def serve(self, body: CountTokensRequest, service: ModelService, call: RouteCall) -> Response:
         prepared = await prepare_chat(service, body.chat_input())
-        degraded = body.degraded_fields() + body.model_degraded(service.chat_profile(), prepared.degraded)
+        degraded = (
+            body.degraded_fields()
+            + body.model_degraded(service.chat_profile(), prepared.degraded)
+            + beta_degraded(call.request)
+        )
         return JSONResponse({"input_tokens": len(prepared.prompt_ids)}, headers=degraded_headers(degraded))
 
 

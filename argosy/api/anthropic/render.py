@@ -80,13 +80,15 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def content_json(parsed: ParsedOutput) -> list[dict[str, Any]]:
+def content_json(parsed: ParsedOutput, *, omit_thinking: bool = False) -> list[dict[str, Any]]:
+    """The blocks of a message; `omit_thinking` (display: omitted): a thinking block's text is
+    left out, its signature (of the whole text) kept."""
     blocks: list[dict[str, Any]] = []
     if parsed.reasoning:
         blocks.append(
             {
                 "type": "thinking",
-                "thinking": parsed.reasoning,
+                "thinking": "" if omit_thinking else parsed.reasoning,
                 "signature": thinking_signature(parsed.reasoning),
             }
         )
@@ -113,6 +115,7 @@ def message_json(
     stop_reason: int | str | None,
     stop_sequences: list[str] | None,
     usage: Usage,
+    omit_thinking: bool = False,
 ) -> dict[str, Any]:
     reason, sequence = stop_json(finish_reason, stop_reason, stop_sequences)
     return {
@@ -120,7 +123,7 @@ def message_json(
         "type": "message",
         "role": "assistant",
         "model": model_id,
-        "content": content_json(parsed),
+        "content": content_json(parsed, omit_thinking=omit_thinking),
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": usage_json(usage),
@@ -131,8 +134,16 @@ class MessageStream:
     """One choice's events -> Anthropic stream events (dicts with their `type`), a block open
     at a time: a new channel closes the open block and starts its own."""
 
-    def __init__(self, response_id: str, model_id: str, stop_sequences: list[str] | None) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        model_id: str,
+        stop_sequences: list[str] | None,
+        *,
+        omit_thinking: bool = False,
+    ) -> None:
         self.response_id = response_id
+        self.omit_thinking = omit_thinking  # display: omitted: no thinking_delta, the signature only
         self.model_id = model_id
         self.stop_sequences = stop_sequences
         self._index = -1  # the open block's index (-1: none yet)
@@ -164,6 +175,8 @@ class MessageStream:
                 return []
             frames = self._open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
             self._thinking.append(event.text)
+            if self.omit_thinking:
+                return frames
             return [*frames, self._delta({"type": "thinking_delta", "thinking": event.text})]
         if isinstance(event, ToolCallStart):
             block = {"type": "tool_use", "id": wire_tool_id(event.call_id), "name": event.name, "input": {}}
