@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from argosy.api.anthropic import messages
+from argosy.api.anthropic import messages, render
 from argosy.api.anthropic.messages import CountTokensRequest, MessagesRequest
 from argosy.api.anthropic.render import MessageStream, message_json, thinking_signature
 from argosy.api.anthropic.wire import chat_input_from_wire
@@ -398,7 +398,7 @@ def test_the_stream_pings_after_message_start_and_while_waiting(monkeypatch: pyt
     async def main() -> list[dict[str, Any]]:
         stream = SlowStream()
         frames: list[dict[str, Any]] = []
-        async for frame in messages._stream_events(body(), stream, "m"):  # type: ignore[arg-type]
+        async for frame in messages._stream_events(body(), stream, "m", 1024):  # type: ignore[arg-type]
             frames.append(frame)
             if frame["type"] == "ping" and len(frames) > 2:
                 stream.release.set()  # one ping while waiting: let the next delta come
@@ -425,7 +425,7 @@ def test_a_client_gone_mid_wait_ends_the_wait_before_the_stream(monkeypatch: pyt
 
     async def main() -> SlowStream:
         stream = SlowStream()
-        frames = messages._stream_events(body(), stream, "m")  # type: ignore[arg-type]
+        frames = messages._stream_events(body(), stream, "m", 1024)  # type: ignore[arg-type]
         seen = [(await anext(frames))["type"] for _ in range(5)]
         assert seen == ["message_start", "ping", "content_block_start", "content_block_delta", "ping"]
         await frames.aclose()  # type: ignore[attr-defined]
@@ -559,3 +559,15 @@ def test_betas_without_their_behaviour_are_named() -> None:
         "anthropic-beta:context-1m-2025-08-07",
     ]
     assert messages.beta_degraded(Request({"type": "http", "headers": []})) == []
+
+
+def test_a_full_context_is_model_context_window_exceeded() -> None:
+    full = Usage(prompt_tokens=1000, completion_tokens=24)
+    assert render.stop_json("length", None, None, full, 1024) == ("model_context_window_exceeded", None)
+    assert render.stop_json("length", None, None, Usage(prompt_tokens=10, completion_tokens=24), 1024) == (
+        "max_tokens",
+        None,
+    )
+    writer = MessageStream("msg_1", "m", None, context_length=1024)
+    frames = writer.finish(Finish(0, "length", full), full)
+    assert frames[0]["delta"]["stop_reason"] == "model_context_window_exceeded"

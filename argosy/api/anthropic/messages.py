@@ -264,9 +264,15 @@ async def to_core(body: MessagesRequest, service: ModelService) -> tuple[CoreReq
 
 
 async def _stream_events(
-    body: MessagesRequest, stream: CoreStream, model_id: str
+    body: MessagesRequest, stream: CoreStream, model_id: str, context_length: int
 ) -> AsyncIterator[dict[str, Any]]:
-    writer = MessageStream(message_id(), model_id, body.stop_sequences, omit_thinking=body.omits_thinking)
+    writer = MessageStream(
+        message_id(),
+        model_id,
+        body.stop_sequences,
+        omit_thinking=body.omits_thinking,
+        context_length=context_length,
+    )
     async with stream:
         for frame in writer.start(stream.usage):
             yield frame
@@ -287,7 +293,9 @@ async def _stream_events(
                     yield frame
 
 
-async def _complete(body: MessagesRequest, stream: CoreStream, model_id: str) -> dict[str, Any]:
+async def _complete(
+    body: MessagesRequest, stream: CoreStream, model_id: str, context_length: int
+) -> dict[str, Any]:
     async with stream:
         results = await collect(stream)
         usage = stream.usage
@@ -301,6 +309,7 @@ async def _complete(body: MessagesRequest, stream: CoreStream, model_id: str) ->
         stop_sequences=body.stop_sequences,
         usage=usage,
         omit_thinking=body.omits_thinking,
+        context_length=context_length,
     )
 
 
@@ -322,19 +331,20 @@ class MessagesRoute(AnthropicRoute[MessagesRequest]):
         )
         stream = call.start(core_request)
         degraded = body.degraded_fields() + model_degraded + beta_degraded(call.request)
+        context_length = service.description.context_length
         return await respond(
             call.request,
             stream,
             degraded,
             is_streaming=body.stream,
             frames=lambda: sse_frames(
-                _stream_events(body, stream, model_id),
+                _stream_events(body, stream, model_id, context_length),
                 anthropic_error_body,
                 stream.degraded,
                 event_key="type",
                 done=False,
             ),
-            complete=lambda: _complete(body, stream, model_id),
+            complete=lambda: _complete(body, stream, model_id, context_length),
         )
 
 

@@ -15,8 +15,9 @@ says), `cache_creation_input_tokens` 0 (the prefix cache keeps every prompt by i
 request pays to write it).
 
 stop_reason: "stop" -> `end_turn`, or `stop_sequence` (with `stop_sequence` the string) when
-one of the request's stop_sequences ended it; "length" -> `max_tokens`; "tool_calls" ->
-`tool_use`.
+one of the request's stop_sequences ended it; "length" -> `max_tokens`, or
+`model_context_window_exceeded` when the prompt and output filled the model's context first;
+"tool_calls" -> `tool_use`.
 """
 
 from __future__ import annotations
@@ -62,11 +63,23 @@ def usage_json(usage: Usage) -> dict[str, int]:
 
 
 def stop_json(
-    finish_reason: str | None, stop_reason: int | str | None, stop_sequences: list[str] | None
+    finish_reason: str | None,
+    stop_reason: int | str | None,
+    stop_sequences: list[str] | None,
+    usage: Usage | None = None,
+    context_length: int | None = None,
 ) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) of a finished choice."""
+    """(stop_reason, stop_sequence) of a finished choice: a "length" finish with the context
+    full (prompt and output fill `context_length`) is `model_context_window_exceeded`."""
     if finish_reason == "stop" and isinstance(stop_reason, str) and stop_reason in (stop_sequences or []):
         return "stop_sequence", stop_reason
+    context_full = (
+        usage is not None
+        and context_length is not None
+        and usage.prompt_tokens + usage.completion_tokens >= context_length
+    )
+    if finish_reason == "length" and context_full:
+        return "model_context_window_exceeded", None
     return _STOP_REASONS.get(finish_reason or "stop", "end_turn"), None
 
 
@@ -116,8 +129,9 @@ def message_json(
     stop_sequences: list[str] | None,
     usage: Usage,
     omit_thinking: bool = False,
+    context_length: int | None = None,
 ) -> dict[str, Any]:
-    reason, sequence = stop_json(finish_reason, stop_reason, stop_sequences)
+    reason, sequence = stop_json(finish_reason, stop_reason, stop_sequences, usage, context_length)
     return {
         "id": response_id,
         "type": "message",
@@ -141,8 +155,10 @@ class MessageStream:
         stop_sequences: list[str] | None,
         *,
         omit_thinking: bool = False,
+        context_length: int | None = None,
     ) -> None:
         self.response_id = response_id
+        self.context_length = context_length
         self.omit_thinking = omit_thinking  # display: omitted: no thinking_delta, the signature only
         self.model_id = model_id
         self.stop_sequences = stop_sequences
@@ -193,7 +209,9 @@ class MessageStream:
         return []  # logprobs, parse failures (logged by the core), prompt echo: not in this dialect
 
     def finish(self, event: Finish, usage: Usage) -> list[dict[str, Any]]:
-        reason, sequence = stop_json(event.reason, event.stop_reason, self.stop_sequences)
+        reason, sequence = stop_json(
+            event.reason, event.stop_reason, self.stop_sequences, usage, self.context_length
+        )
         return [
             *self._close_block(),
             {
