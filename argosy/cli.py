@@ -33,7 +33,7 @@ _FLAG_NAMES = {
     "served_model_name": "--served-model-name",
 }
 _BYTE_SIZE_FIELDS = {"kv_cache_memory", "max_body_bytes", "session_max_bytes", "max_loaded_memory"}
-_DURATION_FIELDS = {"session_ttl", "request_timeout", "model_load_timeout", "keep_alive"}
+_DURATION_FIELDS = {"session_ttl", "request_timeout", "model_load_timeout", "keep_alive", "shutdown_grace"}
 _HIDDEN_FIELDS = {"operator_sampling", "model"}  # --model is repeatable: see model_specs
 _HELP = {
     "model": "a registered name (smollm2), a .gguf file or a Hugging Face folder",
@@ -43,6 +43,7 @@ _HELP = {
     "max_concurrent_loads": "model loads running at once",
     "model_load_timeout": "seconds a request waits for its model to load, then 503 + Retry-After",
     "max_stream_buffer": "engine outputs a streaming client may leave unread before its generation is stopped (slow_reader)",
+    "shutdown_grace": "on SIGTERM / SIGINT, how long in-flight requests may run on before they are aborted (default 30s)",
     "keep_alive": "unload a model idle this long (suffixes as for --session-ttl); default: never",
     "dtype": "auto | bfloat16 | float32 | float16 (auto: bf16 where the CPU has it)",
     "quantization": "weight-only: none | int4 (a GGUF's own Q4_0/Q4_1 blocks) | int8 | auto (int4 where the file has them)",

@@ -211,6 +211,8 @@ class ServerConfig:
     max_concurrent_loads: int = 1  # model loads running at once
     model_load_timeout: float = 120.0  # seconds a request waits for its model, then 503
     keep_alive: float | None = None  # seconds a model may sit idle before it is unloaded; None: forever
+    # Graceful drain (SIGTERM / SIGINT): seconds in-flight requests may run on, then aborted
+    shutdown_grace: float = 30.0
     operator_sampling: OperatorSampling = field(default_factory=OperatorSampling)
 
     def __post_init__(self) -> None:
@@ -242,6 +244,8 @@ class ServerConfig:
             raise InvalidRequestError("model_load_timeout must be positive", "model_load_timeout")
         if self.keep_alive is not None and self.keep_alive < 0:
             raise InvalidRequestError("keep_alive must be >= 0", "keep_alive")
+        if self.shutdown_grace < 0:
+            raise InvalidRequestError("shutdown_grace must be >= 0", "shutdown_grace")
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             raise InvalidRequestError(
                 f"log_level must be critical, error, warning, info or debug, got {self.log_level!r}",

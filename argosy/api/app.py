@@ -34,8 +34,15 @@ from argosy.api.openai import embeddings as openai_embeddings
 from argosy.api.openai import models as openai_models
 from argosy.api.openai.responses import route as openai_responses
 from argosy.api.openapi import openapi_document
-from argosy.api.transport import ArrivalMiddleware, BodyLimitMiddleware, RequestIdMiddleware
+from argosy.api.transport import (
+    ArrivalMiddleware,
+    BodyLimitMiddleware,
+    RequestEventsMiddleware,
+    RequestIdMiddleware,
+    request_record,
+)
 from argosy.config import ServerConfig
+from argosy.core.events import EventBus
 from argosy.core.pipeline import Pipeline
 from argosy.core.recording import SessionRecorder
 from argosy.core.registry import ModelRegistry
@@ -84,7 +91,11 @@ def _renderers(request_or_scope: Any) -> ErrorRenderers:
 
 
 def error_response(scope: Scope, error: ArgosyError) -> JSONResponse:
+    """`error` in the dialect of the route it happened on; its request's record notes it."""
     render, status = _renderers(scope).dialect_for(scope)
+    record = request_record(scope)
+    if record is not None:
+        record.refused(error.kind, error.message)
     return JSONResponse(render(error), status_code=status(error), headers=headers_of(error))
 
 
@@ -148,13 +159,16 @@ def build_app(
     sessions: SessionRecorder | None = None,
     pipeline: Pipeline | None = None,
     preloaded: list[str] | None = None,
+    events: EventBus | None = None,
 ) -> FastAPI:
-    """The HTTP app over `registry`. `preloaded`: the models /health waits for."""
+    """The HTTP app over `registry`. `preloaded`: the models /health waits for; `events`: where
+    every request's started / finished events go (argosy/core/events.py)."""
     app = FastAPI(title="Argosy", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.registry = registry
     app.state.pipeline = pipeline or Pipeline(registry)
     app.state.sessions = sessions
     app.state.preloaded = preloaded if preloaded is not None else [registry.entries[0].spec.id]
+    app.state.events = events if events is not None else EventBus()
     app.state.error_renderers = ErrorRenderers()
     for path in ANTHROPIC_PATHS:
         app.state.error_renderers.register(path, anthropic_error_body, anthropic_status_of)
@@ -183,5 +197,6 @@ def build_app(
     # Added last = outermost: the request id is on every response, 413s included.
     app.add_middleware(ArrivalMiddleware, arriving=registry.arriving, paths=GENERATION_PATHS)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, render=error_response)
+    app.add_middleware(RequestEventsMiddleware, events=app.state.events)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -19,14 +19,13 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
-from argosy.api.errors import status_of
 from argosy.api.framing import SSEResponse
-from argosy.api.transport import read_model
+from argosy.api.transport import read_model, request_record
 from argosy.core.admission import QOS_HEADER, request_qos
+from argosy.core.events import RequestRecord
 from argosy.core.pipeline import Pipeline, RequestContext
 from argosy.core.registry import Lease
 from argosy.core.stream import CoreRequest, CoreStream
-from argosy.errors import ArgosyError
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
 
@@ -64,8 +63,21 @@ class RouteCall:
         stream: CoreStream = self.lease.service.start(core_request)
         self.stream = stream
         stream.on_close.append(self.lease.release)
-        stream.on_close.append(lambda: self.pipeline.emit(self.ctx, "finished", 200))
+        if self.ctx.record is not None:
+            record = self.ctx.record
+            stream.on_close.append(lambda: note_generation(record, stream))
         return stream
+
+
+def note_generation(record: RequestRecord, stream: CoreStream) -> None:
+    """What a finished generation tells its request's events: usage, finish, timing."""
+    usage = stream.usage
+    record.prompt_tokens = usage.prompt_tokens
+    record.completion_tokens = usage.completion_tokens
+    record.cached_tokens = usage.cached_tokens
+    record.finish_reason = stream.choices[0].finish_reason if stream.choices else None
+    record.ttft_s = stream.timing.ttft_s
+    record.decode_tokens, record.decode_s = stream.timing.decode()
 
 
 class ModelRoute(Generic[BodyT]):
@@ -85,10 +97,6 @@ class ModelRoute(Generic[BodyT]):
         name: str | None = getattr(body, "model", None)
         return name
 
-    def error_status(self, error: ArgosyError) -> int:
-        """The HTTP status this route's dialect answers `error` with (for the request events)."""
-        return status_of(error)
-
     def qos(self, body: BodyT, request: Request) -> str:
         return request_qos(getattr(body, "priority", None), request.headers.get(QOS_HEADER))
 
@@ -98,13 +106,15 @@ class ModelRoute(Generic[BodyT]):
 
 def request_context(request: Request, route: str) -> RequestContext:
     state = request.scope.get("state", {})
-    client = request.client
+    record = request_record(request.scope)
     return RequestContext(
         request_id=state.get("request_id", "-"),
         route=route,
         headers=dict(request.headers),
-        client=client.host if client is not None else None,
+        client=record.client if record is not None else (request.client.host if request.client else None),
         arrivals=state.get("arrivals"),
+        key_name=record.key_name if record is not None else None,
+        record=record,
     )
 
 
@@ -120,16 +130,10 @@ async def run_route(request: Request, route: ModelRoute[Any]) -> Response:
         lease = await pipeline.acquire(ctx, route.model_name(body), route.kind)
         call = RouteCall(request, ctx, pipeline, lease, qos)
         response = await route.serve(body, lease.service, call)
-    except ArgosyError as exc:
-        if call is None or call.stream is None:
-            pipeline.emit(ctx, "rejected", route.error_status(exc), exc.message)
-        raise
     finally:
         if lease is not None and (call is None or call.stream is None):
             lease.release()  # no generation holds it (else the stream releases it as it ends)
-    if call.stream is None:
-        pipeline.emit(ctx, "finished", response.status_code)
-    elif isinstance(response, SSEResponse) and not call.is_detached:
+    if call.stream is not None and isinstance(response, SSEResponse) and not call.is_detached:
         # a client gone before the first frame leaves the stream never entered: close it anyway
         response.closers.append(call.stream.close)
     return response

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from argosy.api.errors import APIError, from_validation_error
+from argosy.core.events import EventBus, RequestRecord, dialect_of
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 T = TypeVar("T")
@@ -97,6 +98,58 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+def request_record(scope: Scope) -> RequestRecord | None:
+    """The request's RequestRecord (RequestEventsMiddleware puts it in the scope's state)."""
+    record: RequestRecord | None = scope.get("state", {}).get("record")
+    return record
+
+
+class RequestEventsMiddleware:
+    """A RequestRecord for every request, and its `started` / `finished` events on `events`:
+    finished once the app is done with it (a stream's end included, with what its generation
+    told the record as it closed), with the status sent; 499 when nothing was sent (the client
+    left first), 500 when the app raised before answering."""
+
+    def __init__(self, app: ASGIApp, events: EventBus) -> None:
+        self.app = app
+        self.events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        client = scope.get("client")
+        record = RequestRecord(
+            request_id=state.get("request_id", "-"),
+            method=scope["method"],
+            path=scope["path"],
+            client=client[0] if client else None,
+            dialect=dialect_of(scope["path"]),
+        )
+        state["record"] = record
+        self.events.emit(record.event("started"))
+
+        async def send_and_watch(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        except BaseException:
+            if record.status is None:
+                record.status = 500
+            raise
+        finally:
+            if record.status is None:
+                record.status = 499  # nothing was sent: the client is gone
+            template = getattr(scope.get("route"), "path", None)
+            if template is not None:
+                record.route = f"{scope['method']} {template}"
+            self.events.emit(record.event("finished"))
 
 
 class Arriving(Protocol):

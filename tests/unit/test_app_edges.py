@@ -17,7 +17,8 @@ from starlette.testclient import TestClient
 
 from argosy.api.app import build_app
 from argosy.config import ModelSpec, OperatorSampling, ServerConfig
-from argosy.core.pipeline import Pipeline, RequestContext, RequestEvent
+from argosy.core.events import EventBus, RequestEvent
+from argosy.core.pipeline import Pipeline, RequestContext
 from argosy.core.registry import ArrivalGroup, ModelRegistry
 from argosy.engine.arrivals import Arrival
 from argosy.errors import InvalidRequestError, ModelLoadError
@@ -219,9 +220,10 @@ def test_generation_posts_are_counted_as_arriving_until_they_end(registry: Model
     assert counted == finished == ["arrival-0", "arrival-1"]
 
 
-def test_the_pipeline_hooks_see_every_request(registry: ModelRegistry) -> None:
+def test_the_policy_hook_and_every_requests_events(registry: ModelRegistry) -> None:
     """The policy hook runs before the model is resolved (a refusal there loads nothing);
-    the event hook hears of rejections with their status."""
+    every request — refused, unknown, /health — has a started and a finished event, the
+    finished one with its status, route template, dialect and the refusal's kind and words."""
     events: list[RequestEvent] = []
     asked: list[str | None] = []
 
@@ -230,10 +232,9 @@ def test_the_pipeline_hooks_see_every_request(registry: ModelRegistry) -> None:
         if model_name == "forbidden":
             raise InvalidRequestError("This key may not use that model.", param="model")
 
-    pipeline = Pipeline(registry, policy=policy, on_event=events.append)
-    with TestClient(
-        build_app(registry, SERVER, pipeline=pipeline), raise_server_exceptions=False
-    ) as test_client:
+    pipeline = Pipeline(registry, policy=policy)
+    app = build_app(registry, SERVER, pipeline=pipeline, events=EventBus([events.append]))
+    with TestClient(app, raise_server_exceptions=False) as test_client:
         bad_role = {**GOOD_CHAT, "messages": [{"role": "wizard", "content": "x"}]}
         assert test_client.post("/v1/chat/completions", json=bad_role).status_code == 400
         assert (
@@ -243,12 +244,21 @@ def test_the_pipeline_hooks_see_every_request(registry: ModelRegistry) -> None:
         assert (
             test_client.post("/v1/chat/completions", json={**GOOD_CHAT, "model": "gpt-9"}).status_code == 404
         )
+        assert test_client.get("/health").status_code == 503  # the model is not loaded
+        assert test_client.post("/api/nowhere", json={}).status_code == 404
     assert asked == ["forbidden", "gpt-9"]  # the malformed body never reached the policy
-    assert [(e.kind, e.status, e.route) for e in events] == [
-        ("rejected", 400, "POST /v1/chat/completions"),
-        ("rejected", 400, "POST /v1/chat/completions"),
-        ("rejected", 404, "POST /v1/chat/completions"),
+    assert [e.kind for e in events] == ["started", "finished"] * 5
+    finished = [e for e in events if e.kind == "finished"]
+    assert [(e.status, e.route, e.dialect, e.error_kind) for e in finished] == [
+        (400, "POST /v1/chat/completions", "openai", "invalid_request"),
+        (400, "POST /v1/chat/completions", "openai", "invalid_request"),
+        (404, "POST /v1/chat/completions", "openai", "not_found"),
+        (503, "GET /health", "argosy", None),
+        (404, "POST /api/nowhere", "ollama", "not_found"),
     ]
+    assert finished[1].error == "This key may not use that model."
+    assert finished[2].model_id is None  # an unknown model's name never becomes a field
+    assert all(e.request_id.startswith("req-") and e.duration_s >= 0 for e in finished)
     assert registry.entries[0].state == "unloaded"
 
 

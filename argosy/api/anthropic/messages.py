@@ -44,10 +44,10 @@ from starlette.responses import JSONResponse, Response
 
 from argosy.api.anthropic.render import MessageStream, message_id, message_json
 from argosy.api.anthropic.wire import chat_input_from_wire
-from argosy.api.errors import anthropic_error_body, anthropic_status_of
+from argosy.api.errors import anthropic_error_body
 from argosy.api.framing import sse_frames, with_heartbeats
 from argosy.api.openapi import takes
-from argosy.api.route import BodyT, ModelRoute, RouteCall, run_route
+from argosy.api.route import ModelRoute, RouteCall, run_route
 from argosy.api.wire import StopField, WireModel, degraded_headers, named_unknown, respond
 from argosy.chat.events import Finish
 from argosy.chat.messages import ChatInput, check_continuation
@@ -58,7 +58,7 @@ from argosy.core.conversation import message_events
 from argosy.core.recording import SessionSpec
 from argosy.core.service import ModelService
 from argosy.core.stream import CoreRequest, CoreStream, collect
-from argosy.errors import ArgosyError, InvalidRequestError
+from argosy.errors import InvalidRequestError
 from argosy.sampling_params import RequestSampling
 
 router = APIRouter()
@@ -313,12 +313,7 @@ async def _complete(
     )
 
 
-class AnthropicRoute(ModelRoute[BodyT]):
-    def error_status(self, error: ArgosyError) -> int:
-        return anthropic_status_of(error)
-
-
-class MessagesRoute(AnthropicRoute[MessagesRequest]):
+class MessagesRoute(ModelRoute[MessagesRequest]):
     route = "POST /v1/messages"
     body_type = MessagesRequest
 
@@ -348,7 +343,7 @@ class MessagesRoute(AnthropicRoute[MessagesRequest]):
         )
 
 
-class CountTokensRoute(AnthropicRoute[CountTokensRequest]):
+class CountTokensRoute(ModelRoute[CountTokensRequest]):
     """The prompt /v1/messages would run, counted; nothing is generated."""
 
     route = "POST /v1/messages/count_tokens"

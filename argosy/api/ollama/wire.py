@@ -24,7 +24,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
-from argosy.api.errors import ollama_status_of
 from argosy.api.route import BodyT, ModelRoute, RouteCall
 from argosy.api.wire import StopField, WireModel, named_unknown
 from argosy.chat.messages import (
@@ -36,7 +35,7 @@ from argosy.chat.messages import (
     ToolDefinition,
 )
 from argosy.core.registry import ModelRegistry
-from argosy.errors import ArgosyError, InvalidRequestError
+from argosy.errors import InvalidRequestError
 from argosy.sampling_params import RequestSampling
 
 LATEST = ":latest"
@@ -251,12 +250,9 @@ class GenerationFields(WireModel):
 
 
 class OllamaRoute(ModelRoute[BodyT]):
-    """An /api/* model route: Ollama's statuses, `name:latest` names the model `name`."""
+    """An /api/* model route: `name:latest` names the model `name`."""
 
     kind: ClassVar[str | None] = "chat"
-
-    def error_status(self, error: ArgosyError) -> int:
-        return ollama_status_of(error)
 
     def model_name(self, body: BodyT) -> str | None:
         return core_model_name(getattr(body, "model", None))
