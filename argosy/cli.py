@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import re
 import sys
 import typing
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from argosy.config import EngineConfig, ModelSpec, OperatorSampling, ServerConfig
+from argosy.core.keys import key_ring
 from argosy.errors import ArgosyError
 
 log = logging.getLogger("argosy")
@@ -32,7 +34,15 @@ _FLAG_NAMES = {
     "enable_prefix_caching": "--no-prefix-cache",
     "served_model_name": "--served-model-name",
 }
-_BYTE_SIZE_FIELDS = {"kv_cache_memory", "max_body_bytes", "session_max_bytes", "max_loaded_memory"}
+_BYTE_SIZE_FIELDS = {
+    "kv_cache_memory",
+    "max_body_bytes",
+    "session_max_bytes",
+    "max_loaded_memory",
+    "max_small_body_bytes",
+    "events_log_max_bytes",
+}
+_SECRET_FIELDS = {"api_key"}  # printed as *** (a key is never printed or logged)
 _DURATION_FIELDS = {"session_ttl", "request_timeout", "model_load_timeout", "keep_alive", "shutdown_grace"}
 _HIDDEN_FIELDS = {"operator_sampling", "model"}  # --model is repeatable: see model_specs
 _HELP = {
@@ -43,6 +53,19 @@ _HELP = {
     "max_concurrent_loads": "model loads running at once",
     "model_load_timeout": "seconds a request waits for its model to load, then 503 + Retry-After",
     "max_stream_buffer": "engine outputs a streaming client may leave unread before its generation is stopped (slow_reader)",
+    "api_key": "an API key every route but /health then needs (Authorization: Bearer KEY or x-api-key: KEY); repeatable",
+    "api_key_file": "a file of API keys, one per line (keeps them out of the process listing)",
+    "api_keys": "a TOML file of API keys with per-key policy ([[key]]: name, key or key_sha256, models, requests_per_minute, tokens_per_minute, max_concurrent, max_qos, expires)",
+    "insecure": "allow a non-loopback --host without any API key",
+    "rate_limit_per_minute": "requests per minute per client address (token bucket; loopback exempt unless --rate-limit-loopback)",
+    "burst": "the per-address bucket's depth (default: one minute's rate)",
+    "rate_limit_loopback": "apply --rate-limit-per-minute to loopback clients too",
+    "trusted_proxies": "an address or CIDR of a proxy whose X-Forwarded-For names the client; repeatable",
+    "allowed_origins": "a browser origin allowed by CORS (or *); repeatable; none: CORS off",
+    "max_small_body_bytes": "largest body on routes that generate nothing (default 1M); suffixes as for --kv-cache-memory",
+    "events_log": "write every request's events as JSON lines to this file (rotated at --events-log-max-bytes)",
+    "events_log_max_bytes": "rotate the events log past this size (default 64M)",
+    "events_ring_size": "requests kept in memory for the console (default 1000)",
     "shutdown_grace": "on SIGTERM / SIGINT, how long in-flight requests may run on before they are aborted (default 30s)",
     "keep_alive": "unload a model idle this long (suffixes as for --session-ttl); default: never",
     "dtype": "auto | bfloat16 | float32 | float16 (auto: bf16 where the CPU has it)",
@@ -116,9 +139,20 @@ def _add_flags(parser: argparse.ArgumentParser, cls: type, group_name: str) -> N
         flag = _FLAG_NAMES.get(field.name, "--" + field.name.replace("_", "-"))
         dest = f"{cls.__name__}.{field.name}"
         help_text = _HELP.get(field.name)
-        if typing.get_type_hints(cls)[field.name] is bool:
+        hint = typing.get_type_hints(cls)[field.name]
+        if hint is bool:
             action = "store_false" if field.default is True else "store_true"
             group.add_argument(flag, dest=dest, action=action, default=argparse.SUPPRESS, help=help_text)
+            continue
+        if typing.get_origin(hint) is list:  # repeatable
+            group.add_argument(
+                flag,
+                dest=dest,
+                action="append",
+                default=argparse.SUPPRESS,
+                metavar=field.name.upper(),
+                help=help_text,
+            )
             continue
         group.add_argument(
             flag,
@@ -158,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="models from a TOML file ([[model]] tables: id, source, kind, aliases, quantization, "
         "compile, max_model_len, keep_alive, pinned, [model.sampling])",
     )
+    serve.add_argument(
+        "--config",
+        default=None,
+        metavar="ARGOSY.TOML",
+        help="every setting from a TOML file (keys as the flags' names; model / models as --model "
+        "/ --models, or [[model]] tables); flags given on the command line win",
+    )
     _add_flags(serve, EngineConfig, "engine")
     _add_flags(serve, ServerConfig, "server")
     _add_flags(serve, OperatorSampling, "operator sampling defaults")
@@ -175,9 +216,16 @@ def configs_from_args(
 ) -> tuple[EngineConfig, ServerConfig, list[ModelSpec]]:
     try:
         operator = OperatorSampling(**_values_for(args, OperatorSampling))
-        specs = model_specs(getattr(args, "models", None), getattr(args, "models_file", None))
+        model_args, models_file = getattr(args, "models", None), getattr(args, "models_file", None)
+        config_specs = getattr(args, "config_specs", None)  # a --config file's [[model]] tables
+        if config_specs and not model_args and not models_file:
+            specs = config_specs
+        else:
+            specs = model_specs(model_args, models_file)
         engine_config = EngineConfig(model=specs[0].source, **_values_for(args, EngineConfig))
         server_config = ServerConfig(**_values_for(args, ServerConfig), operator_sampling=operator)
+        # read the key files now: a bad one stops start-up naming the file and the key
+        key_ring(server_config.api_key, server_config.api_key_file, server_config.api_keys)
         if server_config.served_model_name is not None:
             specs[0] = dataclasses.replace(
                 specs[0], id=server_config.served_model_name, aliases=(*specs[0].aliases, specs[0].id)
@@ -231,18 +279,22 @@ def models_from_toml(path: str) -> list[ModelSpec]:
             document = tomllib.load(file)
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ArgosyError(f"cannot read {path}: {exc}", param="models_file") from exc
-    tables = document.get("model", [])
+    return specs_from_tables(document.get("model", []), path, "models_file")
+
+
+def specs_from_tables(tables: Any, path: str, param: str) -> list[ModelSpec]:
+    """[[model]] tables (a models.toml's, or a --config file's) as ModelSpecs."""
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise ArgosyError(f"{path}: expected [[model]] tables", param="models_file")
+        raise ArgosyError(f"{path}: expected [[model]] tables", param=param)
     specs = []
     known = {f.name for f in dataclasses.fields(ModelSpec)}
     for position, table in enumerate(tables):
         unknown = sorted(set(table) - known)
         if unknown:
-            raise ArgosyError(f"{path}: model {position}: unknown keys {', '.join(unknown)}", "models_file")
+            raise ArgosyError(f"{path}: model {position}: unknown keys {', '.join(unknown)}", param)
         values = dict(table)
         if "source" not in values:
-            raise ArgosyError(f"{path}: model {position} has no source", param="models_file")
+            raise ArgosyError(f"{path}: model {position} has no source", param=param)
         values.setdefault("id", values["source"])
         values.setdefault("kind", model_kind(values["source"]))
         values["aliases"] = tuple(values.get("aliases", ()))
@@ -253,7 +305,7 @@ def models_from_toml(path: str) -> list[ModelSpec]:
         try:
             specs.append(ModelSpec(**values))
         except TypeError as exc:
-            raise ArgosyError(f"{path}: model {position}: {exc}", param="models_file") from exc
+            raise ArgosyError(f"{path}: model {position}: {exc}", param=param) from exc
     return specs
 
 
@@ -272,6 +324,9 @@ def _print_config(engine_config: EngineConfig, server_config: ServerConfig) -> N
 
     server_values = dataclasses.asdict(server_config)
     operator_values = server_values.pop("operator_sampling")
+    for name in _SECRET_FIELDS:
+        if server_values.get(name):
+            server_values[name] = ["***"] * len(server_values[name])
     line("engine", dataclasses.asdict(engine_config))
     line("server", server_values)
     line("operator sampling", operator_values)
@@ -283,6 +338,21 @@ SWITCH_INTERVAL_S = 0.0005
 MAINTAIN_EVERY_S = 1.0  # how often dead engines are restarted and idle models unloaded
 
 
+def _exit_if_loading(registry: Any, sessions: Any, status: int) -> None:
+    """After the HTTP server stopped: a model load still running cannot be interrupted, and
+    tearing down the event loop would wait for its thread (minutes, for a large model). Close
+    what holds state (engines, the session store) and exit at once instead, as uvicorn's
+    re-raised signal used to."""
+    loading = [entry.spec.id for entry in registry.entries if entry.state == "loading"]
+    if not loading:
+        return
+    log.warning("stopping while %s loads; not waiting for the load", ", ".join(loading))
+    registry.shutdown()
+    sessions.close()
+    logging.shutdown()
+    os._exit(status)
+
+
 def serve(
     engine_config: EngineConfig, server_config: ServerConfig, specs: list[ModelSpec] | None = None
 ) -> int:
@@ -290,6 +360,7 @@ def serve(
     import uvicorn
 
     from argosy.api.app import build_app
+    from argosy.api.server import DrainingServer
     from argosy.core.local import LocalModelLoader
     from argosy.core.recording import open_recorder
     from argosy.core.registry import ModelRegistry, registry_lifespan
@@ -322,7 +393,11 @@ def serve(
     )
     preloaded = [specs[0].id, *(s.id for s in specs[1:] if s.pinned)]
     app = build_app(registry, server_config, sessions=sessions, preloaded=preloaded)
-    server = uvicorn.Server(
+    failed: list[str] = []
+    # SIGTERM / SIGINT drain the server (argosy/api/server.py): 503s for new requests, the
+    # in-flight ones run on for --shutdown-grace; uvicorn's own timeout then only bounds
+    # connections whose clients stopped reading.
+    server = DrainingServer(
         uvicorn.Config(
             app,
             host=server_config.host,
@@ -332,9 +407,12 @@ def serve(
             log_level=server_config.log_level,
             access_log=False,
             timeout_graceful_shutdown=5,
-        )
+        ),
+        app.state.drain,
+        live=registry.num_live_streams,
+        abort=registry.abort_streams,
+        on_stopped=lambda: _exit_if_loading(registry, sessions, 1 if failed else 0),
     )
-    failed: list[str] = []
 
     def on_load_failed(entry: Any) -> None:
         if entry.spec.id in preloaded:  # the server cannot serve what it was started for
@@ -352,9 +430,91 @@ def serve(
     return 1 if failed else 0
 
 
+_CONFIG_CLASSES = (EngineConfig, ServerConfig, OperatorSampling)
+
+
+def _config_value(cls: type, field: dataclasses.Field[Any], value: Any, where: str) -> Any:
+    """A config file's value for `field`: TOML's own type, or a string the flag would take."""
+    hint = typing.get_type_hints(cls)[field.name]
+    if typing.get_origin(hint) is list:
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in values):
+            raise ArgosyError(f"{where}: expected a string or a list of strings, got {value!r}")
+        return values
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ArgosyError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if isinstance(value, str):
+        try:
+            return _field_parser(cls, field)(value)
+        except (ValueError, ArgosyError) as exc:
+            raise ArgosyError(f"{where}: {exc}") from None
+    arms = [arm for arm in typing.get_args(hint) if arm is not type(None)] or [hint]
+    if isinstance(value, bool) or not isinstance(value, tuple(arms) + ((int,) if float in arms else ())):
+        raise ArgosyError(f"{where}: expected {' or '.join(a.__name__ for a in arms)}, got {value!r}")
+    return value
+
+
+def apply_config_file(args: argparse.Namespace, path: str) -> None:
+    """Fill what the command line left unset from a TOML config file (flags win). Its keys are
+    the flags' names (`max_num_seqs` or `max-num-seqs`), `model` a model or a list (as
+    --model; or [[model]] tables, as in a models.toml) and `models` a models.toml."""
+    import tomllib
+
+    try:
+        document = tomllib.loads(Path(path).expanduser().read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ArgosyError(f"{path}: cannot read it: {exc}", param="config") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ArgosyError(f"{path}: not valid TOML: {exc}", param="config") from None
+    fields = {
+        field.name: (cls, field)
+        for cls in _CONFIG_CLASSES
+        for field in dataclasses.fields(cls)
+        if field.name not in _HIDDEN_FIELDS
+    }
+    for key, value in document.items():
+        name = key.replace("-", "_")
+        where = f"{path}: key {key!r}"
+        if name == "model":
+            if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+                if getattr(args, "models", None) is None:
+                    args.config_specs = specs_from_tables(value, path, "config")
+                continue
+            models = [value] if isinstance(value, str) else value
+            if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+                raise ArgosyError(
+                    f"{where}: expected a model, a list of models or [[model]] tables", "config"
+                )
+            if getattr(args, "models", None) is None:
+                args.models = models
+            continue
+        if name == "models":
+            if not isinstance(value, str):
+                raise ArgosyError(f"{where}: expected the path of a models.toml", "config")
+            if getattr(args, "models_file", None) is None:
+                args.models_file = value
+            continue
+        if name not in fields:
+            raise ArgosyError(f"{where}: no such setting (see argosy serve --help)", "config")
+        cls, field = fields[name]
+        dest = f"{cls.__name__}.{name}"
+        if not hasattr(args, dest):  # a flag given on the command line wins
+            try:
+                setattr(args, dest, _config_value(cls, field, value, where))
+            except ArgosyError as exc:
+                raise ArgosyError(exc.message, "config") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.config is not None:
+        try:
+            apply_config_file(args, args.config)
+        except ArgosyError as exc:
+            parser.error(f"--config: {exc.message}")
     engine_config, server_config, specs = configs_from_args(parser, args)
     logging.basicConfig(
         level=server_config.log_level.upper(),

@@ -5,6 +5,7 @@ Nothing below cli.py reads the environment. Every value is validated in __post_i
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field, replace
 
 from argosy.errors import InvalidRequestError
@@ -139,6 +140,15 @@ class OperatorSampling:
                 raise InvalidRequestError(f"{name} must be {expected}, got {value}", name)
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _in(value: float | None, low: float, high: float) -> bool:
     return value is None or low <= value <= high
 
@@ -213,7 +223,25 @@ class ServerConfig:
     keep_alive: float | None = None  # seconds a model may sit idle before it is unloaded; None: forever
     # Graceful drain (SIGTERM / SIGINT): seconds in-flight requests may run on, then aborted
     shutdown_grace: float = 30.0
+    # The gate (argosy/api/gate.py, argosy/core/keys.py): keys, limits, CORS, events
+    api_key: list[str] = field(default_factory=list)  # repeatable; named key-1, key-2...
+    api_key_file: str | None = None  # one key per line (keeps keys out of the process listing)
+    api_keys: str | None = None  # keys.toml: keys with per-key policy
+    insecure: bool = False  # allow a non-loopback --host with no key
+    rate_limit_per_minute: float | None = None  # per client address; None: no limit
+    burst: float | None = None  # the per-address bucket's depth (default: one minute's rate)
+    rate_limit_loopback: bool = False  # also limit loopback clients (exempt by default)
+    trusted_proxies: list[str] = field(default_factory=list)  # addresses / CIDRs whose X-Forwarded-For counts
+    allowed_origins: list[str] = field(default_factory=list)  # CORS; none: no CORS headers at all
+    max_small_body_bytes: int = 1024 * 1024  # routes that generate nothing: 413 past it
+    events_log: str | None = None  # request events as JSON lines (rotated)
+    events_log_max_bytes: int = 64 * 1024 * 1024
+    events_ring_size: int = 1000  # the last N requests kept in memory (the console reads them)
     operator_sampling: OperatorSampling = field(default_factory=OperatorSampling)
+
+    @property
+    def has_keys(self) -> bool:
+        return bool(self.api_key or self.api_key_file or self.api_keys)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -246,6 +274,27 @@ class ServerConfig:
             raise InvalidRequestError("keep_alive must be >= 0", "keep_alive")
         if self.shutdown_grace < 0:
             raise InvalidRequestError("shutdown_grace must be >= 0", "shutdown_grace")
+        if not self.has_keys and not self.insecure and not is_loopback(self.host):
+            raise InvalidRequestError(
+                f"serving on {self.host} (not loopback) with no API key lets anyone who reaches the "
+                "port use every route: set --api-key / --api-key-file / --api-keys, or --insecure",
+                "insecure",
+            )
+        if self.rate_limit_per_minute is not None and self.rate_limit_per_minute <= 0:
+            raise InvalidRequestError("rate_limit_per_minute must be positive", "rate_limit_per_minute")
+        if self.burst is not None and self.burst < 1:
+            raise InvalidRequestError("burst must be at least 1", "burst")
+        if self.max_small_body_bytes < 1:
+            raise InvalidRequestError("max_small_body_bytes must be positive", "max_small_body_bytes")
+        if self.events_ring_size < 0:
+            raise InvalidRequestError("events_ring_size must be >= 0", "events_ring_size")
+        for proxy in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise InvalidRequestError(
+                    f"trusted_proxies: {proxy!r} is not an address or CIDR", "trusted_proxies"
+                ) from None
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             raise InvalidRequestError(
                 f"log_level must be critical, error, warning, info or debug, got {self.log_level!r}",

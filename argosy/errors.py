@@ -62,6 +62,18 @@ class OverloadedError(ArgosyError):
         self.retry_after_s = retry_after_s
 
 
+class ServerDrainingError(OverloadedError):
+    """The server is shutting down (SIGTERM / SIGINT): a new request is refused (HTTP 503 +
+    Retry-After, in every dialect), and a generation still running when the shutdown grace
+    ran out is stopped with it (a framed error event when it streams)."""
+
+    kind = "draining"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, retry_after_s)
+        self.code = "server_draining"
+
+
 class StorageError(ArgosyError):
     """The session store cannot be written or read now: a read-only or failing disk, a
     locked database (HTTP 503). Nothing committed before is lost; it serves again once the

@@ -68,6 +68,21 @@ class SamplingParams:
                 )
         self.stop = [s for s in self.stop if s]
 
+    def effective(self) -> dict[str, float | int | None]:
+        """The knobs that decide which tokens are drawn, as the engine runs them (what the
+        x-argosy-sampling header and the request's events report); seed None: greedy."""
+        return {
+            "temperature": float(self.temperature),
+            "top_p": float(self.top_p),
+            "top_k": self.top_k,
+            "min_p": float(self.min_p),
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+            "presence_penalty": float(self.presence_penalty),
+            "frequency_penalty": float(self.frequency_penalty),
+            "repetition_penalty": float(self.repetition_penalty),
+        }
+
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0

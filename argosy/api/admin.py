@@ -3,7 +3,9 @@
 /health never needs a key and stays cheap: 200 {"status": "ok", "models": {id: state}} once
 the models loaded at start-up serve; 503 with {"status": "loading"} before, {"status":
 "failed"} if one of them could not load, {"status": "dead"} if a loaded model's engine loop
-stopped. Models loaded on request do not hold /health back.
+stopped. Models loaded on request do not hold /health back. Once the server is shutting down
+(SIGTERM / SIGINT, argosy/core/drain.py) it answers 503 {"status": "draining", "models",
+"num_in_flight", "grace_left_s"} with Retry-After, whatever the models' state.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from argosy.api.openapi import query
+from argosy.core.drain import Drain
 from argosy.core.registry import ModelRegistry
 from argosy.core.service import ModelService
 from argosy.errors import InvalidRequestError
@@ -36,13 +39,25 @@ def server_state(registry: ModelRegistry, preloaded: list[str]) -> str:
 @router.get(
     "/health",
     responses={
-        503: {"description": "Not ready: models loading, failed or dead", "content": {"application/json": {}}}
+        503: {
+            "description": "Not ready: models loading, failed or dead; or draining",
+            "content": {"application/json": {}},
+        }
     },
 )
 async def health(request: Request) -> JSONResponse:
     registry: ModelRegistry = request.app.state.registry
-    state = server_state(registry, request.app.state.preloaded)
     models = {e.spec.id: e.state for e in registry.entries}
+    drain: Drain | None = getattr(request.app.state, "drain", None)
+    if drain is not None and not drain.is_serving:
+        body = {
+            "status": "draining",
+            "models": models,
+            "num_in_flight": drain.num_requests,
+            "grace_left_s": round(drain.grace_left_s(), 1),
+        }
+        return JSONResponse(body, status_code=503, headers={"retry-after": str(drain.retry_after_s())})
+    state = server_state(registry, request.app.state.preloaded)
     return JSONResponse({"status": state, "models": models}, status_code=200 if state == "ok" else 503)
 
 

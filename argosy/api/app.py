@@ -9,11 +9,13 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Scope
 
-from argosy.api import admin
+from argosy.api import admin, metrics
+from argosy.api import tokenizer as tokenizer_routes
 from argosy.api.anthropic import messages as anthropic_messages
 from argosy.api.errors import (
     APIError,
@@ -26,6 +28,7 @@ from argosy.api.errors import (
     openai_error_body,
     status_of,
 )
+from argosy.api.gate import Gate, GateMiddleware
 from argosy.api.ollama import generate as ollama_generate
 from argosy.api.ollama import models as ollama_models
 from argosy.api.openai import chat as openai_chat
@@ -37,12 +40,15 @@ from argosy.api.openapi import openapi_document
 from argosy.api.transport import (
     ArrivalMiddleware,
     BodyLimitMiddleware,
+    DrainMiddleware,
     RequestEventsMiddleware,
     RequestIdMiddleware,
     request_record,
 )
 from argosy.config import ServerConfig
-from argosy.core.events import EventBus
+from argosy.core.drain import Drain
+from argosy.core.events import EventBus, JsonlSink, RingBuffer
+from argosy.core.metrics import ServerMetrics
 from argosy.core.pipeline import Pipeline
 from argosy.core.recording import SessionRecorder
 from argosy.core.registry import ModelRegistry
@@ -147,6 +153,22 @@ GENERATION_PATHS = (
 )
 
 
+# the routes whose bodies may be large (prompts, conversations, inputs to embed): up to
+# --max-body-bytes; every other route takes at most --max-small-body-bytes
+LARGE_BODY_PATHS = frozenset(
+    {
+        *GENERATION_PATHS,
+        "/v1/messages/count_tokens",
+        "/v1/embeddings",
+        "/api/embed",
+        "/api/embeddings",
+        "/tokenize",
+        "/detokenize",
+    }
+)
+# what a browser page may read of a response (CORS)
+EXPOSED_HEADERS = ["x-request-id", "x-argosy-degraded", "x-argosy-sampling", "retry-after"]
+
 # the routes that answer in Anthropic's error envelope; Ollama's: everything under /api/
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 OLLAMA_PREFIX = "/api/"
@@ -165,10 +187,18 @@ def build_app(
     every request's started / finished events go (argosy/core/events.py)."""
     app = FastAPI(title="Argosy", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.registry = registry
-    app.state.pipeline = pipeline or Pipeline(registry)
+    app.state.gate = gate = Gate.from_config(config)
+    app.state.pipeline = pipeline or Pipeline(registry, policy=gate.policy)
     app.state.sessions = sessions
     app.state.preloaded = preloaded if preloaded is not None else [registry.entries[0].spec.id]
     app.state.events = events if events is not None else EventBus()
+    app.state.drain = Drain(config.shutdown_grace)  # SIGTERM / SIGINT: argosy/api/server.py
+    app.state.recent_requests = RingBuffer(config.events_ring_size)  # the console reads these
+    app.state.events.subscribe(app.state.recent_requests)
+    if config.events_log is not None:
+        app.state.events.subscribe(JsonlSink(config.events_log, config.events_log_max_bytes))
+    app.state.metrics = ServerMetrics(registry)
+    app.state.events.subscribe(app.state.metrics.observe)
     app.state.error_renderers = ErrorRenderers()
     for path in ANTHROPIC_PATHS:
         app.state.error_renderers.register(path, anthropic_error_body, anthropic_status_of)
@@ -177,11 +207,13 @@ def build_app(
         module.router
         for module in (
             admin,
+            metrics,
             openai_models,
             openai_chat,
             openai_completions,
             openai_responses,
             openai_embeddings,
+            tokenizer_routes,
             anthropic_messages,
             ollama_generate,
             ollama_models,
@@ -196,7 +228,21 @@ def build_app(
     app.add_exception_handler(Exception, _on_unexpected)
     # Added last = outermost: the request id is on every response, 413s included.
     app.add_middleware(ArrivalMiddleware, arriving=registry.arriving, paths=GENERATION_PATHS)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes, render=error_response)
+
+    def body_limit(scope: Scope) -> int:
+        return config.max_body_bytes if scope["path"] in LARGE_BODY_PATHS else config.max_small_body_bytes
+
+    app.add_middleware(BodyLimitMiddleware, limit_for=body_limit, render=error_response)
+    app.add_middleware(GateMiddleware, gate=gate, render=error_response)
+    app.add_middleware(DrainMiddleware, drain=app.state.drain, render=error_response)
+    if config.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=config.allowed_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=EXPOSED_HEADERS,
+        )
     app.add_middleware(RequestEventsMiddleware, events=app.state.events)
     app.add_middleware(RequestIdMiddleware)
     return app

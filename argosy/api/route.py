@@ -7,7 +7,9 @@ start, render). `run_route` runs the skeleton around it, so no route re-implemen
     start -> render) -> request events (started / finished / rejected)
 
 The model lease is held until the generation's stream closes (streaming responses end after
-this function returns), or until `serve` returns when no stream was started.
+this function returns), or until `serve` returns when no stream was started. A generation's
+request record notes the sampling it runs as it starts (`RequestRecord.sampling`: the dict
+the x-argosy-sampling header carries, api/wire.py).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class RouteCall:
         stream.on_close.append(self.lease.release)
         if self.ctx.record is not None:
             record = self.ctx.record
+            record.sampling = stream.effective_sampling()  # as x-argosy-sampling says it
             stream.on_close.append(lambda: note_generation(record, stream))
         return stream
 
@@ -87,6 +90,10 @@ class ModelRoute(Generic[BodyT]):
     route: ClassVar[str]  # e.g. "POST /v1/chat/completions"
     kind: ClassVar[str | None] = "chat"  # the model kind it needs (None: any)
     body_type: type[BodyT]
+
+    async def read(self, request: Request) -> BodyT:
+        """The request's body as `body_type` (a route without a body reads its query)."""
+        return await read_model(request, self.body_type)
 
     def check(self, body: BodyT) -> None:
         check: Callable[[], None] | None = getattr(body, "check", None)
@@ -124,11 +131,12 @@ async def run_route(request: Request, route: ModelRoute[Any]) -> Response:
     call: RouteCall | None = None
     lease: Lease | None = None
     try:
-        body = await read_model(request, route.body_type)
+        body = await route.read(request)
         route.check(body)
-        qos = route.qos(body, request)
+        ctx.qos = route.qos(body, request)
+        ctx.qos_is_explicit = getattr(body, "priority", None) is not None or QOS_HEADER in request.headers
         lease = await pipeline.acquire(ctx, route.model_name(body), route.kind)
-        call = RouteCall(request, ctx, pipeline, lease, qos)
+        call = RouteCall(request, ctx, pipeline, lease, ctx.qos)
         response = await route.serve(body, lease.service, call)
     finally:
         if lease is not None and (call is None or call.stream is None):

@@ -1,5 +1,5 @@
 """HTTP plumbing every dialect shares: body size limit, JSON body -> pydantic model,
-request ids, and cancelling work when the client goes away.
+request ids, cancelling work when the client goes away, and the 503s of a draining server.
 
 The middlewares are plain ASGI (not BaseHTTPMiddleware), so they neither buffer streamed
 responses nor get between a streaming response and the client's disconnect.
@@ -21,7 +21,9 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from argosy.api.errors import APIError, from_validation_error
+from argosy.core.drain import Drain
 from argosy.core.events import EventBus, RequestRecord, dialect_of
+from argosy.errors import ArgosyError
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 T = TypeVar("T")
@@ -38,31 +40,33 @@ def payload_too_large(limit: int) -> APIError:
 
 
 class BodyLimitMiddleware:
-    """413 for a body over `max_bytes`: at once when Content-Length says so, else while it
-    streams in (the count raises inside the handler's body read)."""
+    """413 for a body over the route's limit (`limit_for(scope)`): at once when
+    Content-Length says so, else while it streams in (the count raises inside the handler's
+    body read)."""
 
     def __init__(
         self,
         app: ASGIApp,
-        max_bytes: int,
+        limit_for: Callable[[Scope], int],
         render: Callable[[Scope, APIError], JSONResponse],
     ) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.limit_for = limit_for
         self.render = render
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.limit_for(scope)
         declared = Headers(scope=scope).get("content-length")
         if declared is not None:
             if not declared.isdigit():
                 error = APIError("invalid_request", "The Content-Length header is not a number.")
                 await self.render(scope, error)(scope, receive, send)
                 return
-            if int(declared) > self.max_bytes:
-                await self.render(scope, payload_too_large(self.max_bytes))(scope, receive, send)
+            if int(declared) > max_bytes:
+                await self.render(scope, payload_too_large(max_bytes))(scope, receive, send)
                 return
         num_received = 0
 
@@ -71,8 +75,8 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 num_received += len(message.get("body", b""))
-                if num_received > self.max_bytes:
-                    raise payload_too_large(self.max_bytes)
+                if num_received > max_bytes:
+                    raise payload_too_large(max_bytes)
             return message
 
         await self.app(scope, counting_receive, send)
@@ -214,3 +218,37 @@ async def run_unless_disconnected(request: Request, work: Awaitable[T]) -> T | N
     finally:
         watcher.cancel()
         task.cancel()
+
+
+class DrainMiddleware:
+    """The server's drain (argosy/core/drain.py) at the HTTP edge: counts the requests in
+    flight, and once the drain began refuses new ones with 503 + Retry-After in their
+    dialect's error shape and `connection: close` (a client reconnects, to another instance
+    behind a balancer). `/health` passes always and is not counted: it says "draining"."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        drain: Drain,
+        render: Callable[[Scope, ArgosyError], JSONResponse],
+        exempt_paths: tuple[str, ...] = ("/health",),
+    ) -> None:
+        self.app = app
+        self.drain = drain
+        self.render = render
+        self.exempt_paths = exempt_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt_paths:
+            await self.app(scope, receive, send)
+            return
+        if not self.drain.is_serving:
+            response = self.render(scope, self.drain.refusal())
+            response.headers["connection"] = "close"
+            await response(scope, receive, send)
+            return
+        self.drain.request_started()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.drain.request_finished()

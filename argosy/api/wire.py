@@ -2,10 +2,24 @@
 "not sent", stop strings and their bounds, unknown fields named, the degraded-fields header,
 token logprobs as OpenAI and Ollama list them, and `respond` (a generation's stream or its one
 JSON object).
+
+Every generation's answer, in every dialect, streamed or not, carries two headers
+(`generation_headers`): `x-argosy-degraded` (the fields accepted but not honoured) and
+`x-argosy-sampling`, the sampling the engine runs after precedence (request > operator >
+model's generation_config > fallback), as compact JSON:
+
+    x-argosy-sampling: {"temperature":0.7,"top_p":1.0,"top_k":40,"min_p":0.0,"seed":8134…,
+                        "max_tokens":2035,"presence_penalty":0.0,"frequency_penalty":0.0,
+                        "repetition_penalty":1.0}
+
+`seed` is the one drawn when the request sent none (null: greedy, no seed is used);
+`max_tokens` the limit actually applied (the room left in the context when nobody set one);
+with more than one choice (n > 1, or a batch of prompts) `seeds` lists each choice's seed.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,6 +35,7 @@ from argosy.chat.events import TokenCandidate, TokenLogprobs
 from argosy.core.stream import CoreStream
 
 DEGRADED_HEADER = "x-argosy-degraded"
+SAMPLING_HEADER = "x-argosy-sampling"
 # OpenAI takes up to 4 stop sequences, vLLM any number; 16 leaves room for every real use. A
 # stop string's length is what the detokenizer holds back while streaming (a partial match
 # may still complete), so 1000 characters bounds that delay and the per-step search.
@@ -105,6 +120,17 @@ def degraded_headers(fields: list[str]) -> dict[str, str]:
     return {DEGRADED_HEADER: ", ".join(fields)} if fields else {}
 
 
+def sampling_headers(stream: CoreStream) -> dict[str, str]:
+    """The effective sampling of `stream`'s choices (CoreStream.effective_sampling), compact
+    JSON (ASCII: numbers, null, keys)."""
+    return {SAMPLING_HEADER: json.dumps(stream.effective_sampling(), separators=(",", ":"))}
+
+
+def generation_headers(stream: CoreStream, degraded: list[str]) -> dict[str, str]:
+    """The headers of every generation's answer: the degraded fields and the sampling used."""
+    return {**degraded_headers(degraded), **sampling_headers(stream)}
+
+
 async def respond(
     request: Request,
     stream: CoreStream,
@@ -115,12 +141,13 @@ async def respond(
     complete: Callable[[], Awaitable[dict[str, Any]]],
     stream_type: type[SSEResponse] = SSEResponse,
 ) -> Response:
-    """The answer to a generation: its `frames` (SSE, or `stream_type`'s framing), or the JSON `complete` builds (the work
-    cancelled, and 499 answered to nobody, if the client leaves first). `degraded` names the
-    fields not honoured; what the stream learns under way (`stream.degraded`) joins them."""
+    """The answer to a generation: its `frames` (SSE, or `stream_type`'s framing), or the JSON
+    `complete` builds (the work cancelled, and 499 answered to nobody, if the client leaves
+    first), with `generation_headers`. `degraded` names the fields not honoured; what the
+    stream learns under way (`stream.degraded`) joins them."""
     if is_streaming:
-        return stream_type(frames(), headers=degraded_headers(degraded))
+        return stream_type(frames(), headers=generation_headers(stream, degraded))
     result = await run_unless_disconnected(request, complete())
     if result is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(result, headers=degraded_headers(degraded + stream.degraded))
+    return JSONResponse(result, headers=generation_headers(stream, degraded + stream.degraded))

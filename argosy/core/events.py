@@ -191,6 +191,8 @@ def dialect_of(path: str) -> str:
         return "ollama"
     if path.startswith("/v1/messages"):
         return "anthropic"
+    if path in ("/tokenize", "/detokenize", "/tokenizer_info"):
+        return "openai"  # vLLM's routes, in OpenAI's error shape
     if path.startswith("/v1/argosy") or not path.startswith("/v1/"):
         return "argosy"
     return "openai"

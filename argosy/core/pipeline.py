@@ -1,11 +1,12 @@
 """The one request skeleton every model route runs, dialect-free:
 
-    read body -> parse and cheap checks -> policy hook -> QoS -> resolve the model (registry)
+    read body -> parse and cheap checks -> QoS -> resolve the model (registry) -> policy hook
     -> acquire it (load on request) -> prepare -> admit -> start -> render
 
 The HTTP edge (argosy/api/route.py) does the reading and rendering; this module holds the
-steps between and the `policy` hook (called with the request and the model it names, before
-any load: per-key policy plugs in here; raise a typed error to refuse; a no-op by default).
+steps between and the `policy` hook (called with the request and the configured model it
+resolved to, before any load: per-key policy plugs in here — raise a typed error to refuse,
+or lower `ctx.qos`; a no-op by default).
 What happens to each request is told by its RequestRecord's events (argosy/core/events.py):
 the pipeline notes the model it resolved there.
 """
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from argosy.config import ModelSpec
 from argosy.core.events import RequestRecord
 from argosy.core.registry import ArrivalGroup, Lease, ModelRegistry
 from argosy.engine.arrivals import Arrival
@@ -32,14 +34,16 @@ class RequestContext:
     arrivals: ArrivalGroup | None = None  # counted at the engines until its model is known
     model_id: str | None = None  # once resolved
     key_name: str | None = None  # the API key's name, once the gate authenticated it
+    qos: str | None = None  # the QoS class it runs with (the policy may lower it)
+    qos_is_explicit: bool = False  # the request named its class (else the default)
     record: RequestRecord | None = None  # what its events tell (None: nobody listens)
     started: float = field(default_factory=time.perf_counter)
 
 
-PolicyHook = Callable[[RequestContext, str | None], None]
+PolicyHook = Callable[[RequestContext, ModelSpec], None]
 
 
-def _no_policy(ctx: RequestContext, model_name: str | None) -> None:
+def _no_policy(ctx: RequestContext, spec: ModelSpec) -> None:
     return None
 
 
@@ -49,9 +53,9 @@ class Pipeline:
         self.policy = policy or _no_policy
 
     async def acquire(self, ctx: RequestContext, model_name: str | None, kind: str | None) -> Lease:
-        """Policy, then resolve (404 / wrong kind: no load), then a lease on the loaded model."""
-        self.policy(ctx, model_name)
+        """Resolve (404 / wrong kind: no load), the policy, then a lease on the loaded model."""
         entry = self.registry.resolve(model_name, kind)
+        self.policy(ctx, entry.spec)
         ctx.model_id = entry.spec.id
         if ctx.record is not None:
             ctx.record.model_id = entry.spec.id

@@ -395,6 +395,19 @@ class ModelRegistry:
                 self._start_load(entry)
         await asyncio.gather(*(e.loading for e in wanted if e.loading is not None))
 
+    def num_live_streams(self) -> int:
+        """Generations running on any model (background jobs included), not yet closed."""
+        return sum(len(getattr(e.service, "live_streams", ())) for e in self.entries if e.service is not None)
+
+    def abort_streams(self, error: ArgosyError) -> int:
+        """Abort every live generation on every model with `error`; how many were stopped."""
+        total = 0
+        for entry in self.entries:
+            abort = getattr(entry.service, "abort_streams", None)  # generation models only
+            if abort is not None:
+                total += abort(error)
+        return total
+
     def shutdown(self) -> None:
         for entry in self.entries:
             if entry.service is not None:

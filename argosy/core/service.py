@@ -3,8 +3,9 @@ template and profile, sampling defaults, admission queue — and the way its req
 
 Dialects turn a request into a CoreRequest (prompt token ids, the sampling the client asked
 for, n, echo) and render the events back. Everything that is the same in every dialect lives
-here once: model identity, chat-template rendering and tokenization, sampling resolution
-(SPEC §3), n > 1 fan-out, logprobs and echo, usage, cancellation and the access log.
+here once: model identity (and its `system_fingerprint`), chat-template rendering and
+tokenization, sampling resolution (SPEC §3), n > 1 fan-out, logprobs and echo, usage,
+cancellation and the access log.
 
 Lifecycle of one generation: `ModelService.start()` does every check that can fail (sampling
 ranges, context length, token ids) before anything reaches the engine and raises typed
@@ -15,13 +16,17 @@ The registry (registry.py) builds a ModelService once the model's engine is up.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from argosy import __version__
 from argosy.chat.profile import ChatProfile
 from argosy.chat.template import ChatTemplate
 from argosy.config import ModelSpec, OperatorSampling, ServerConfig
@@ -33,7 +38,7 @@ from argosy.core.recording import SessionRecorder, new_record
 from argosy.core.stream import CoreRequest, CoreStream
 from argosy.core.token_text import TokenTexts
 from argosy.engine.arrivals import Arrival
-from argosy.engine.outputs import EngineStats
+from argosy.engine.outputs import EngineStats, ModelDescription
 from argosy.errors import ArgosyError, EngineDeadError, InvalidRequestError
 from argosy.runner.structured import GrammarSpec
 from argosy.sampling_params import (
@@ -117,6 +122,8 @@ class ModelService:
         self.created = created if created is not None else int(time.time())
         self.sessions = sessions
         self.on_start: Callable[[], Callable[[], None]] | None = None  # the registry's lease
+        # generations started and not yet closed (weak: one built but never run is not held)
+        self.live_streams: weakref.WeakSet[CoreStream] = weakref.WeakSet()
         description = client.description
         self.description = description
         self._model_defaults = ModelSamplingDefaults.from_generation_config(description.generation_config)
@@ -141,6 +148,7 @@ class ModelService:
         if self._template is not None:
             self._chat_profile = ChatProfile(self._template, description.tokenizer)
         self._token_texts = TokenTexts(description.tokenizer)
+        self.system_fingerprint = system_fingerprint(model_id, description)
         self._ids = itertools.count()
         self.admission = AdmissionQueue(self.options.max_queued_requests)
 
@@ -311,7 +319,36 @@ class ModelService:
         )
         if self.on_start is not None:
             stream.on_close.append(self.on_start())
+        self.live_streams.add(stream)
+        stream.on_close.append(lambda: self.live_streams.discard(stream))
         return stream
+
+    def abort_streams(self, error: ArgosyError) -> int:
+        """Abort every live generation with `error` (CoreStream.abort); how many were stopped."""
+        return sum(stream.abort(error) for stream in list(self.live_streams))
+
+
+def system_fingerprint(model_id: str, description: ModelDescription) -> str:
+    """What the numerics of `model_id`'s answers depend on, hashed as OpenAI's
+    `system_fingerprint` ("fp_" + 10 hex digits): Argosy's version, the model and its
+    architecture, dtype, the file's quantization, how the weights are held and computed
+    (`weights`: int4 / int8 / bf16, packed or not), compiled decode, and the kernel path
+    (native ops, AMX). The same configuration on the same machine gives the same fingerprint
+    across requests and restarts; a different --quantization, --compile or --native-ops a
+    different one."""
+    facts = [
+        __version__,
+        model_id,
+        description.name,
+        description.architecture,
+        description.dtype,
+        description.quantization,
+        description.weights,
+        description.compiled_decode,
+        description.kernels,
+    ]
+    digest = hashlib.sha256(json.dumps(facts).encode()).hexdigest()
+    return f"fp_{digest[:10]}"
 
 
 def _offset_seed(seed: int, offset: int) -> int:

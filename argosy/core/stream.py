@@ -9,12 +9,13 @@ non-streaming responses.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from argosy.chat.collector import ChannelCollector
 from argosy.chat.events import (
@@ -95,7 +96,8 @@ class CoreStream:
     Time limit: past `timeout_s` from arrival the engine requests are stopped and every
     unfinished choice finishes "length"; `degraded` then names "request_timeout" (dialects
     put it in x-argosy-degraded, or in a stream's trailing comment). Sessions: `record` sees
-    every event and commits them when the stream ends (`record.committed`).
+    every event and commits them when the stream ends (`record.committed`). Shutdown: past
+    the drain's grace, `abort(error)` ends it from outside with `error` (argosy/core/drain.py).
     """
 
     def __init__(
@@ -126,6 +128,19 @@ class CoreStream:
         self._is_started = False
         self.on_close: list[Callable[[], None]] = []  # called once as the stream ends
         self._max_buffered = max_buffered  # engine outputs waiting unread, then the cut
+        self._abort_error: ArgosyError | None = None  # set by abort(): raised to the reader
+
+    def effective_sampling(self) -> dict[str, Any]:
+        """The sampling the engine runs (SamplingParams.effective of the first choice, after
+        precedence, the drawn seed included); with more than one choice, `seeds` lists every
+        choice's seed in choice order (the other knobs are every choice's, but for max_tokens left
+        to the room in the context, which is the first prompt's in a batch of prompts)."""
+        if not self.choices:
+            return {}
+        sampling: dict[str, Any] = self.choices[0].params.effective()
+        if len(self.choices) > 1:
+            sampling["seeds"] = [choice.params.seed for choice in self.choices]
+        return sampling
 
     @property
     def usage(self) -> Usage:
@@ -189,6 +204,24 @@ class CoreStream:
         for on_close in callbacks:
             on_close()
 
+    @property
+    def is_aborted(self) -> bool:
+        return self._abort_error is not None
+
+    def abort(self, error: ArgosyError) -> bool:
+        """Stop the generation from outside (the server's shutdown grace ran out): its engine
+        requests are cancelled and the reader's next step raises `error`, ahead of any output
+        still buffered, so the dialect ends the response in error (a stream: one framed error
+        event) and the record commits what was read with the finish "error". False when it
+        was aborted already."""
+        if self._abort_error is not None:
+            return False
+        self._abort_error = copy.copy(error)  # each reader raises its own
+        for task in self._tasks:
+            task.cancel()
+        self._queue.put_nowait((0, self._abort_error))  # wakes a reader waiting for output
+        return True
+
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._events()
 
@@ -197,6 +230,8 @@ class CoreStream:
             raise RuntimeError("iterate a CoreStream inside `async with`")
         num_unfinished = len(self.choices)
         while num_unfinished:
+            if self._abort_error is not None:
+                raise self._abort_error
             try:
                 index, item = await self._next_output()
             except TimeoutError:

@@ -19,6 +19,7 @@ from argosy.errors import ContextLengthExceededError, InvalidRequestError
 from argosy.models.build import describe_weights, load_model, max_int4_rows, model_memory_bytes, resolve_dtype
 from argosy.models.source import ModelSource
 from argosy.ops.memory import release_free_memory
+from argosy.ops.native import native_ops_path
 from argosy.runner.model_runner import ModelRunner, StepResult, kv_bytes_per_block
 from argosy.runner.spec_decode import NgramProposer, Verified
 from argosy.runner.structured import TokenGuide
@@ -131,6 +132,7 @@ class LLMEngine:
             weights=self.weights,
             compiled_decode=self.compiled,
             memory_bytes=model_memory_bytes(self.model) + kv_bytes,
+            kernels=native_ops_path(),
         )
 
     # -- requests ------------------------------------------------------------------------

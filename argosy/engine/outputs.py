@@ -85,6 +85,7 @@ class ModelDescription:
     weights: str  # how the projections are held and computed (describe_weights)
     compiled_decode: bool
     memory_bytes: int  # weights and buffers plus the KV pool, as allocated
+    kernels: str = "python"  # the ops the steps run: native+amx | native | python (native_ops_path)
 
     def encode(self, text: str) -> list[int]:
         """A raw prompt's token ids, with the BOS the model's tokenizer config asks for."""

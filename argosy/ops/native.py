@@ -69,6 +69,15 @@ def load_native_ops() -> bool:
     return True
 
 
+def native_ops_path() -> str:
+    """Which ops this process's steps run, as far as they were loaded (nothing is built here):
+    "native+amx" (the native ops and the AMX quantized kernels), "native" or "python". Part
+    of what identifies a model's numerics (the OpenAI routes' system_fingerprint)."""
+    if not _state.get("loaded"):
+        return "python"
+    return "native+amx" if bool(torch.ops.argosy_ext.qlinear_available()) else "native"
+
+
 def _register_fakes() -> None:
     """Shapes for torch.compile's tracing (the C++ op has no meta kernel)."""
 

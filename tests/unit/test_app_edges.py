@@ -8,7 +8,6 @@ says whether a load was even started.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,26 +20,14 @@ from argosy.core.events import EventBus, RequestEvent
 from argosy.core.pipeline import Pipeline, RequestContext
 from argosy.core.registry import ArrivalGroup, ModelRegistry
 from argosy.engine.arrivals import Arrival
-from argosy.errors import InvalidRequestError, ModelLoadError
+from argosy.errors import InvalidRequestError
+from tests.unit.blocked_load import BlockedLoad
 
 LIMIT = 4096
 GOOD_CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
 
 
 SERVER = ServerConfig(max_body_bytes=LIMIT, operator_sampling=OperatorSampling(temperature=0.5))
-
-
-class BlockedLoad:
-    """A load_fn that waits until the test releases it, then fails (so nothing ever loads)."""
-
-    def __init__(self) -> None:
-        self.released = threading.Event()
-        self.calls: list[str] = []
-
-    def __call__(self, spec: ModelSpec) -> Any:
-        self.calls.append(spec.id)
-        self.released.wait(10)
-        raise ModelLoadError("no such file")
 
 
 @pytest.fixture
@@ -221,15 +208,15 @@ def test_generation_posts_are_counted_as_arriving_until_they_end(registry: Model
 
 
 def test_the_policy_hook_and_every_requests_events(registry: ModelRegistry) -> None:
-    """The policy hook runs before the model is resolved (a refusal there loads nothing);
-    every request — refused, unknown, /health — has a started and a finished event, the
+    """The policy hook runs once the model is resolved, before it loads (a refusal there
+    loads nothing), seeing the request's QoS class; every request — refused, unknown, /health — has a started and a finished event, the
     finished one with its status, route template, dialect and the refusal's kind and words."""
     events: list[RequestEvent] = []
     asked: list[str | None] = []
 
-    def policy(ctx: RequestContext, model_name: str | None) -> None:
-        asked.append(model_name)
-        if model_name == "forbidden":
+    def policy(ctx: RequestContext, spec: ModelSpec) -> None:
+        asked.append(ctx.key_name)
+        if ctx.qos == "background":
             raise InvalidRequestError("This key may not use that model.", param="model")
 
     pipeline = Pipeline(registry, policy=policy)
@@ -237,16 +224,14 @@ def test_the_policy_hook_and_every_requests_events(registry: ModelRegistry) -> N
     with TestClient(app, raise_server_exceptions=False) as test_client:
         bad_role = {**GOOD_CHAT, "messages": [{"role": "wizard", "content": "x"}]}
         assert test_client.post("/v1/chat/completions", json=bad_role).status_code == 400
-        assert (
-            test_client.post("/v1/chat/completions", json={**GOOD_CHAT, "model": "forbidden"}).status_code
-            == 400
-        )
+        refused = test_client.post("/v1/chat/completions", json={**GOOD_CHAT, "priority": "background"})
+        assert refused.status_code == 400
         assert (
             test_client.post("/v1/chat/completions", json={**GOOD_CHAT, "model": "gpt-9"}).status_code == 404
         )
         assert test_client.get("/health").status_code == 503  # the model is not loaded
         assert test_client.post("/api/nowhere", json={}).status_code == 404
-    assert asked == ["forbidden", "gpt-9"]  # the malformed body never reached the policy
+    assert asked == [None]  # not the malformed body, nor the unknown model (404 first); no key
     assert [e.kind for e in events] == ["started", "finished"] * 5
     finished = [e for e in events if e.kind == "finished"]
     assert [(e.status, e.route, e.dialect, e.error_kind) for e in finished] == [
@@ -275,11 +260,16 @@ def test_the_openapi_document_lists_every_route_with_its_body(client: TestClient
     assert documented == {
         ("/health", "get"),
         ("/v1/argosy/engine", "get"),
+        ("/metrics", "get"),
+        ("/v1/metrics", "get"),
         ("/v1/models", "get"),
         ("/v1/models/{model_id}", "get"),
         ("/v1/chat/completions", "post"),
         ("/v1/completions", "post"),
         ("/v1/embeddings", "post"),
+        ("/tokenize", "post"),
+        ("/detokenize", "post"),
+        ("/tokenizer_info", "get"),
         ("/v1/responses", "post"),
         ("/v1/responses/{response_id}", "get"),
         ("/v1/responses/{response_id}", "delete"),

@@ -143,3 +143,82 @@ def test_bad_models_files_stop_start_up(tmp_path: Path, content: str) -> None:
     path.write_text(content)
     with pytest.raises(SystemExit):
         configs_and_models("--models", str(path))
+
+
+def test_gate_flags_repeat_and_keys_are_never_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from argosy.cli import _print_config
+
+    engine, server = configs(
+        "--api-key", "sk-one", "--api-key", "sk-two", "--trusted-proxies", "10.0.0.0/8",
+        "--trusted-proxies", "192.168.1.1", "--allowed-origins", "*", "--rate-limit-per-minute", "90",
+        "--max-small-body-bytes", "2K", "--host", "0.0.0.0",
+    )  # fmt: skip
+    assert server.api_key == ["sk-one", "sk-two"] and server.has_keys
+    assert server.trusted_proxies == ["10.0.0.0/8", "192.168.1.1"] and server.allowed_origins == ["*"]
+    assert server.rate_limit_per_minute == 90 and server.max_small_body_bytes == 2048
+    _print_config(engine, server)
+    printed = capsys.readouterr().out
+    assert "sk-one" not in printed and "api_key=['***', '***']" in printed
+
+
+def test_a_config_file_fills_what_flags_leave_unset(tmp_path: Path) -> None:
+    from argosy.cli import apply_config_file
+
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[key]]\nname = "a"\nkey = "sk-a"\n')
+    config = tmp_path / "argosy.toml"
+    config.write_text(
+        f'port = 9100\nmax-num-seqs = 4\nkv_cache_memory = "64M"\napi_keys = "{keys}"\n'
+        'allowed_origins = "https://x.example"\nmodel = ["smollm2", "fast=smollm2:int4"]\n'
+        'temperature = 0.4\nshutdown_grace = "10s"\n'
+    )
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--port", "9200"])
+    apply_config_file(args, str(config))
+    engine, server, specs = configs_from_args(parser, args)
+    assert server.port == 9200  # the flag wins
+    assert engine.max_num_seqs == 4 and engine.kv_cache_memory == 64 * 2**20
+    assert server.api_keys == str(keys) and server.allowed_origins == ["https://x.example"]
+    assert server.operator_sampling.temperature == 0.4 and server.shutdown_grace == 10.0
+    assert [s.id for s in specs] == ["smollm2", "fast"]
+
+    tables = tmp_path / "tables.toml"
+    tables.write_text('[[model]]\nid = "tiny"\nsource = "smollm2"\npinned = true\n')
+    args = parser.parse_args(["serve"])
+    apply_config_file(args, str(tables))
+    assert [(s.id, s.pinned) for s in configs_from_args(parser, args)[2]] == [("tiny", True)]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("colour = 1\n", "key 'colour': no such setting"),
+        ('port = "x"\n', "key 'port'"),
+        ("port = 1.5\n", "key 'port': expected int"),
+        ('insecure = "yes"\n', "key 'insecure': expected true or false"),
+        ("model = 3\n", "key 'model'"),
+        ("port = \n", "not valid TOML"),
+    ],
+)
+def test_a_bad_config_file_names_the_file_the_key_and_the_reason(
+    tmp_path: Path, content: str, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from argosy.cli import main
+
+    config = tmp_path / "argosy.toml"
+    config.write_text(content)
+    with pytest.raises(SystemExit) as caught:
+        main(["serve", "--config", str(config)])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert str(config) in err and reason in err
+
+
+def test_a_bad_keys_file_stops_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[key]]\nname = "a"\n')
+    with pytest.raises(SystemExit):
+        configs("--api-keys", str(keys))
+    assert "--api-keys" in capsys.readouterr().err

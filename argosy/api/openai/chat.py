@@ -13,6 +13,10 @@ then `function.arguments` fragments), then one chunk with its finish_reason; wit
 `stream_options.include_usage` a last chunk with `choices: []` and the usage (earlier chunks
 carry `usage: null`); with `continuous_usage_stats` every chunk carries the usage so far.
 Logprobs ride on the next chunk of their choice (every generated token is reported once).
+
+The completion and every chunk carry `system_fingerprint`: the model's configuration as it
+bears on the numerics (ModelService.system_fingerprint: weights, dtype, compiled decode,
+kernels); the sampling used is in the `x-argosy-sampling` header (api/wire.py).
 """
 
 from __future__ import annotations
@@ -77,6 +81,54 @@ class ChatMessage(BaseModel):
         self.content = "".join(text_of_parts(self.content, where))
 
 
+def read_chat_messages(messages: list[ChatMessage], template_kwargs: dict[str, Any] | None) -> None:
+    """Each message's content parts joined into its text (a 400 naming a malformed part), and
+    `chat_template_kwargs` kept off the variables the request's own fields set. What every
+    request that renders OpenAI chat messages checks first (chat completions, /tokenize)."""
+    for position, message in enumerate(messages):
+        message.read_content(f"messages[{position}].content")
+    reserved = {"messages", "add_generation_prompt", "continue_final_message", "tools"} & set(
+        template_kwargs or {}
+    )
+    if reserved:
+        raise InvalidRequestError(
+            f"chat_template_kwargs may not set {', '.join(sorted(reserved))}: the request's own fields do.",
+            param="chat_template_kwargs",
+        )
+
+
+def wire_chat_input(
+    messages: list[ChatMessage],
+    *,
+    template_kwargs: dict[str, Any],
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    tools: list[Any] | None = None,
+    tool_choice: Any = None,
+    parallel_tool_calls: bool | None = None,
+    response_format: Any = None,
+) -> ChatInput:
+    """OpenAI chat messages (read by `read_chat_messages`) and options as a neutral ChatInput
+    (a malformed field is a 400 naming it)."""
+    chat = chat_input_from_wire(
+        [(m.role, m.content, m.name, m.model_extra or {}) for m in messages],
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls,
+        response_format=response_format,
+        template_kwargs=template_kwargs,
+    )
+    chat.add_generation_prompt = add_generation_prompt
+    chat.continue_final_message = continue_final_message
+    return chat
+
+
+def check_chat_input(chat: ChatInput) -> None:
+    """The cross-field checks of a chat that need no model (continuation, tools, format)."""
+    check_continuation(chat)
+    check_chat_options(chat.tools, chat.tool_choice, chat.output_format)
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -104,21 +156,10 @@ class ChatCompletionRequest(SamplingFields):
 
     def check(self) -> None:
         """Content parts, then cross-field checks that need no model."""
-        for position, message in enumerate(self.messages):
-            message.read_content(f"messages[{position}].content")
+        read_chat_messages(self.messages, self.chat_template_kwargs)
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs to be true.", param="top_logprobs")
-        reserved = {"messages", "add_generation_prompt", "continue_final_message", "tools"} & set(
-            self.chat_template_kwargs or {}
-        )
-        if reserved:
-            raise InvalidRequestError(
-                f"chat_template_kwargs may not set {', '.join(sorted(reserved))}: the request's own fields do.",
-                param="chat_template_kwargs",
-            )
-        chat = self.chat_input()
-        check_continuation(chat)
-        check_chat_options(chat.tools, chat.tool_choice, chat.output_format)
+        check_chat_input(self.chat_input())
 
     def chat_input(self) -> ChatInput:
         """The request in neutral terms (checked: a malformed field is a 400 naming it)."""
@@ -126,16 +167,16 @@ class ChatCompletionRequest(SamplingFields):
             kwargs = dict(self.chat_template_kwargs or {})
             if self.reasoning_effort is not None:
                 kwargs.setdefault("reasoning_effort", self.reasoning_effort)
-            self._chat = chat_input_from_wire(
-                [(m.role, m.content, m.name, m.model_extra or {}) for m in self.messages],
+            self._chat = wire_chat_input(
+                self.messages,
+                template_kwargs=kwargs,
+                add_generation_prompt=self.add_generation_prompt,
+                continue_final_message=self.continue_final_message,
                 tools=self.tools,
                 tool_choice=self.tool_choice,
                 parallel_tool_calls=self.parallel_tool_calls,
                 response_format=self.response_format,
-                template_kwargs=kwargs,
             )
-            self._chat.add_generation_prompt = self.add_generation_prompt
-            self._chat.continue_final_message = self.continue_final_message
         return self._chat
 
     def degraded_fields(self) -> list[str]:
@@ -180,7 +221,7 @@ def logprobs_json(entries: list[TokenLogprobs]) -> dict[str, Any]:
 
 
 async def _stream_chunks(
-    body: ChatCompletionRequest, stream: CoreStream, model_id: str
+    body: ChatCompletionRequest, stream: CoreStream, model_id: str, fingerprint: str
 ) -> AsyncIterator[dict[str, Any]]:
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -192,6 +233,7 @@ async def _stream_chunks(
             "object": "chat.completion.chunk",
             "created": created,
             "model": model_id,
+            "system_fingerprint": fingerprint,
             "choices": [choice],
         }
         if body.continuous_usage:
@@ -235,6 +277,7 @@ async def _stream_chunks(
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": model_id,
+                "system_fingerprint": fingerprint,
                 "choices": [],
                 "usage": usage_json(stream.usage),
             }
@@ -274,7 +317,7 @@ def _message_json(result: CollectedChoice) -> dict[str, Any]:
     return message
 
 
-async def _complete(stream: CoreStream, model_id: str) -> dict[str, Any]:
+async def _complete(stream: CoreStream, model_id: str, fingerprint: str) -> dict[str, Any]:
     async with stream:
         results = await collect(stream)
         usage = stream.usage
@@ -283,6 +326,7 @@ async def _complete(stream: CoreStream, model_id: str) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model_id,
+        "system_fingerprint": fingerprint,
         "choices": [
             {
                 "index": r.index,
@@ -311,13 +355,16 @@ class ChatCompletionsRoute(ModelRoute[ChatCompletionRequest]):
         )
         stream = call.start(core_request)
         degraded = body.degraded_fields() + chat_degraded
+        fingerprint = service.system_fingerprint
         return await respond(
             call.request,
             stream,
             degraded,
             is_streaming=body.stream,
-            frames=lambda: sse_frames(_stream_chunks(body, stream, model_id), render_error, stream.degraded),
-            complete=lambda: _complete(stream, model_id),
+            frames=lambda: sse_frames(
+                _stream_chunks(body, stream, model_id, fingerprint), render_error, stream.degraded
+            ),
+            complete=lambda: _complete(stream, model_id, fingerprint),
         )
 
 

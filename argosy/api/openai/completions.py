@@ -5,7 +5,8 @@ a list is a batch, answered as one choice per prompt × n, `index` in that order
 (0..20) uses the legacy shape — `tokens`, `token_logprobs`, `top_logprobs` (token ->
 logprob, the chosen token always included), `text_offset` (character offsets into the
 returned `text`) — and `"".join(tokens)` is exactly `text`. With `echo` the prompt comes
-first: one entry per prompt token, the first with a null logprob.
+first: one entry per prompt token, the first with a null logprob. Completions and chunks
+carry `system_fingerprint` (ModelService.system_fingerprint), as chat's do.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def _merge(first: dict[str, Any] | None, second: dict[str, Any]) -> dict[str, An
 
 
 async def _stream_chunks(
-    body: CompletionRequest, stream: CoreStream, model_id: str
+    body: CompletionRequest, stream: CoreStream, model_id: str, fingerprint: str
 ) -> AsyncIterator[dict[str, Any]]:
     response_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -153,6 +154,7 @@ async def _stream_chunks(
             "object": "text_completion",
             "created": created,
             "model": model_id,
+            "system_fingerprint": fingerprint,
             "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
         }
         # With include_usage, earlier chunks carry no `usage` key: unlike the chat chunk's, the
@@ -177,12 +179,15 @@ async def _stream_chunks(
                 "object": "text_completion",
                 "created": created,
                 "model": model_id,
+                "system_fingerprint": fingerprint,
                 "choices": [],
                 "usage": usage_json(stream.usage),
             }
 
 
-async def _complete(body: CompletionRequest, stream: CoreStream, model_id: str) -> dict[str, Any]:
+async def _complete(
+    body: CompletionRequest, stream: CoreStream, model_id: str, fingerprint: str
+) -> dict[str, Any]:
     async with stream:
         results = await collect(stream)
         usage = stream.usage
@@ -208,6 +213,7 @@ async def _complete(body: CompletionRequest, stream: CoreStream, model_id: str) 
         "object": "text_completion",
         "created": int(time.time()),
         "model": model_id,
+        "system_fingerprint": fingerprint,
         "choices": choices,
         "usage": usage_json(usage),
     }
@@ -223,13 +229,16 @@ class CompletionsRoute(ModelRoute[CompletionRequest]):
         core_request.batch_invariant = body.batch_invariant
         core_request.session = _session_spec(body, model_id, call.request_id)
         stream = call.start(core_request)
+        fingerprint = service.system_fingerprint
         return await respond(
             call.request,
             stream,
             body.degraded_fields(),
             is_streaming=body.stream,
-            frames=lambda: sse_frames(_stream_chunks(body, stream, model_id), render_error, stream.degraded),
-            complete=lambda: _complete(body, stream, model_id),
+            frames=lambda: sse_frames(
+                _stream_chunks(body, stream, model_id, fingerprint), render_error, stream.degraded
+            ),
+            complete=lambda: _complete(body, stream, model_id, fingerprint),
         )
 
 

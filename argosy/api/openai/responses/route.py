@@ -48,7 +48,7 @@ from argosy.api.openai.responses.store import (
 from argosy.api.openai.responses.stream import ResponseStreamRenderer
 from argosy.api.openapi import SSE_EVENT, query, takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
-from argosy.api.wire import degraded_headers, respond
+from argosy.api.wire import generation_headers, respond
 from argosy.core.recording import SessionRecorder, SessionSpec
 from argosy.core.registry import ModelRegistry
 from argosy.core.service import ModelService
@@ -182,9 +182,11 @@ class CreateResponseRoute(ModelRoute[ResponsesRequest]):
             _jobs(request).add(job)
             call.is_detached = True  # the job, not this request, owns the generation now
             if body.stream:
-                return SSEResponse(_sse(job.follow(), stream.degraded), headers=degraded_headers(degraded))
+                return SSEResponse(
+                    _sse(job.follow(), stream.degraded), headers=generation_headers(stream, degraded)
+                )
             queued = response_json(response_id, echo, status="queued", output=[], usage=None)
-            return JSONResponse(queued, headers=degraded_headers(degraded))
+            return JSONResponse(queued, headers=generation_headers(stream, degraded))
         return await respond(
             request,
             stream,
