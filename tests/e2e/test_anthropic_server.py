@@ -128,6 +128,49 @@ def test_stream_events_in_the_order_the_sdk_parses(http: httpx.Client) -> None:
     )
 
 
+def test_a_tool_result_round_trip(claude: anthropic.Anthropic) -> None:
+    """The model's tool_use handed back with its tool_result: the answer is text, and the
+    result is in the prompt (counted, and longer than the same history without it)."""
+    call = claude.messages.create(
+        model=MODEL,
+        max_tokens=48,
+        system=SYSTEM,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "tool", "name": "weather"},
+        extra_body=GREEDY,
+    )
+    (tool_use,) = [block for block in call.content if block.type == "tool_use"]
+    history: list[Any] = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": [block.model_dump() for block in call.content]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": tool_use.id, "content": "18 degrees and sunny"}
+            ],
+        },
+    ]
+    answer = claude.messages.create(
+        model=MODEL,
+        max_tokens=24,
+        system=SYSTEM,
+        messages=history,
+        tools=[WEATHER_TOOL],
+        extra_body=GREEDY,  # type: ignore[list-item]
+    )
+    assert answer.content and answer.content[0].type == "text" and answer.content[0].text
+    counted = claude.messages.count_tokens(model=MODEL, system=SYSTEM, messages=history, tools=[WEATHER_TOOL])  # type: ignore[list-item]
+    assert counted.input_tokens == answer.usage.input_tokens + (answer.usage.cache_read_input_tokens or 0)
+    without = claude.messages.count_tokens(
+        model=MODEL,
+        system=SYSTEM,
+        messages=history[:2] + [{"role": "user", "content": "Thanks."}],
+        tools=[WEATHER_TOOL],
+    )  # type: ignore[list-item]
+    assert counted.input_tokens > without.input_tokens
+
+
 def test_a_forced_tool_call_streams_json_valid_for_its_schema(claude: anthropic.Anthropic) -> None:
     def ask(seed: int) -> tuple[Any, str]:
         with claude.messages.stream(
