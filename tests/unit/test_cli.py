@@ -164,7 +164,7 @@ def test_gate_flags_repeat_and_keys_are_never_printed(
 
 
 def test_a_config_file_fills_what_flags_leave_unset(tmp_path: Path) -> None:
-    from argosy.cli import apply_config_file
+    from argosy.config_file import apply_config_file
 
     keys = tmp_path / "keys.toml"
     keys.write_text('[[key]]\nname = "a"\nkey = "sk-a"\n')

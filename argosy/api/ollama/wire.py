@@ -24,14 +24,13 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
+from argosy.api.function_tools import call_from_wire, tool_choice_from_wire, tools_from_wire
 from argosy.api.route import BodyT, ModelRoute, RouteCall
 from argosy.api.wire import StopField, WireModel, named_unknown
 from argosy.chat.messages import (
     Message,
     OutputFormat,
-    ToolCallRecord,
     ToolChoice,
-    ToolChoiceMode,
     ToolDefinition,
 )
 from argosy.core.registry import ModelRegistry
@@ -277,7 +276,7 @@ def neutral_messages(messages: list[ChatMessage]) -> list[Message]:
     for position, message in enumerate(messages):
         where = f"messages[{position}]"
         calls = [
-            _tool_call_record(call, f"{where}.tool_calls[{index}]")
+            call_from_wire(call, f"{where}.tool_calls[{index}]")
             for index, call in enumerate(message.tool_calls or [])
         ]
         neutral.append(
@@ -293,65 +292,19 @@ def neutral_messages(messages: list[ChatMessage]) -> list[Message]:
     return neutral
 
 
-def _tool_call_record(call: Any, where: str) -> ToolCallRecord:
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise _refuse(f"{where}.function", "expected an object with a string 'name'")
-    arguments = function.get("arguments", {})
-    if isinstance(arguments, str):  # some clients send the JSON text, as OpenAI's does
-        text = arguments
-    elif isinstance(arguments, dict):
-        text = json.dumps(arguments, ensure_ascii=False)
-    else:
-        raise _refuse(f"{where}.function.arguments", "expected an object")
-    call_id = call.get("id")
-    return ToolCallRecord(function["name"], text, call_id if isinstance(call_id, str) else None)
+def tool_choice_of(value: Any, tools: list[ToolDefinition]) -> ToolChoice:
+    """`tool_choice`, an Argosy extension Ollama has not (it always leaves the choice to the
+    model), in OpenAI's shapes — a forced call is held to its tool's schema; a named tool
+    must be one of `tools`."""
+    choice = tool_choice_from_wire(value)
+    if choice.mode == "named" and choice.name not in {tool.name for tool in tools}:
+        raise _refuse("tool_choice.function.name", f"no tool named {choice.name!r} is in 'tools'")
+    return choice
 
 
 def tool_definitions(tools: list[Any] | None) -> list[ToolDefinition]:
-    """`tools`: `[{type: "function", function: {name, description, parameters}}]`."""
-    definitions = []
-    for index, tool in enumerate(tools or []):
-        where = f"tools[{index}]"
-        if not isinstance(tool, dict):
-            raise _refuse(where, "expected an object")
-        if tool.get("type", "function") != "function":
-            raise _refuse(f"{where}.type", f"only 'function' tools are supported, got {tool.get('type')!r}")
-        function = tool.get("function")
-        if not isinstance(function, dict):
-            raise _refuse(f"{where}.function", "expected an object")
-        name = function.get("name")
-        if not isinstance(name, str) or not _TOOL_NAME.match(name):
-            raise _refuse(f"{where}.function.name", "expected 1-128 letters, digits, '_', '.' or '-'")
-        description = function.get("description")
-        if description is not None and not isinstance(description, str):
-            raise _refuse(f"{where}.function.description", "expected a string")
-        parameters = function.get("parameters")
-        if parameters is not None and not isinstance(parameters, dict):
-            raise _refuse(f"{where}.function.parameters", "expected a JSON schema object")
-        definitions.append(ToolDefinition(name, description, parameters))
-    return definitions
-
-
-def tool_choice_of(value: Any, tools: list[ToolDefinition]) -> ToolChoice:
-    """`tool_choice`, an Argosy extension Ollama has not (it always leaves the choice to the
-    model): "auto", "none", "required", or `{"type": "function", "function": {"name": …}}`
-    (OpenAI's shapes) — a forced call is held to its tool's schema."""
-    if value is None or value == "auto":
-        return ToolChoice()
-    if value in ("none", "required"):
-        mode: ToolChoiceMode = value
-        return ToolChoice(mode)
-    function = value.get("function") if isinstance(value, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(name, str):
-        raise _refuse(
-            "tool_choice",
-            'expected "auto", "none", "required" or {"type": "function", "function": {"name": ...}}',
-        )
-    if name not in {tool.name for tool in tools}:
-        raise _refuse("tool_choice.function.name", f"no tool named {name!r} is in 'tools'")
-    return ToolChoice("named", name)
+    """`tools` in OpenAI's shape (Ollama takes names of up to 128 characters)."""
+    return tools_from_wire(tools, max_name_chars=128)
 
 
 def tool_call_json(call_id: str, call_index: int, name: str, arguments: str) -> dict[str, Any] | None:

@@ -9,22 +9,17 @@ model at hand; a malformed one is a 400 whose `param` names the exact field
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from argosy.api.function_tools import call_from_wire, tool_choice_from_wire, tools_from_wire
 from argosy.chat.messages import (
     ChatInput,
     Message,
     OutputFormat,
-    ToolCallRecord,
-    ToolChoice,
-    ToolDefinition,
 )
 from argosy.errors import InvalidRequestError
 
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _ROLES = {"developer": "system"}
 
 
@@ -53,7 +48,7 @@ def message_from_wire(
             if not isinstance(calls, list):
                 raise _refuse(f"{where}.tool_calls", "expected a list of tool calls")
             message.tool_calls = [
-                _call_from_wire(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)
+                call_from_wire(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)
             ]
     if role == "tool":
         call_id = _optional_str(extra.get("tool_call_id"), f"{where}.tool_call_id")
@@ -63,70 +58,6 @@ def message_from_wire(
             )
         message.tool_call_id = call_id
     return message
-
-
-def _call_from_wire(call: Any, where: str) -> ToolCallRecord:
-    if not isinstance(call, dict):
-        raise _refuse(where, "expected an object")
-    if call.get("type", "function") != "function":
-        raise _refuse(f"{where}.type", f"expected 'function', got {call.get('type')!r}")
-    function = call.get("function")
-    if not isinstance(function, dict):
-        raise InvalidRequestError(f"Missing required parameter: '{where}.function'.", f"{where}.function")
-    name = function.get("name")
-    if not isinstance(name, str) or not name:
-        raise _refuse(f"{where}.function.name", "expected a non-empty string")
-    arguments = function.get("arguments", "{}")
-    if isinstance(arguments, dict):  # some clients send the object itself
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    if not isinstance(arguments, str):
-        raise _refuse(f"{where}.function.arguments", "expected a JSON string")
-    return ToolCallRecord(name, arguments, _optional_str(call.get("id"), f"{where}.id"))
-
-
-def tools_from_wire(tools: Any) -> list[ToolDefinition]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise _refuse("tools", "expected a list of tools")
-    definitions: list[ToolDefinition] = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise _refuse(where, "expected an object")
-        if tool.get("type", "function") != "function":
-            raise _refuse(f"{where}.type", f"only 'function' tools are supported, got {tool.get('type')!r}")
-        function = tool.get("function")
-        if not isinstance(function, dict):
-            raise InvalidRequestError(f"Missing required parameter: '{where}.function'.", f"{where}.function")
-        name = function.get("name")
-        if not isinstance(name, str) or not _TOOL_NAME.match(name):
-            raise _refuse(
-                f"{where}.function.name", "expected 1 to 64 letters, digits, underscores, dots or dashes"
-            )
-        parameters = function.get("parameters")
-        if parameters is not None and not isinstance(parameters, dict):
-            raise _refuse(f"{where}.function.parameters", "expected a JSON schema object")
-        strict = function.get("strict") is True
-        description = _optional_str(function.get("description"), f"{where}.function.description")
-        definitions.append(ToolDefinition(name, description, parameters, strict))
-    return definitions
-
-
-def tool_choice_from_wire(value: Any) -> ToolChoice:
-    if value is None or value == "auto":
-        return ToolChoice("auto")
-    if value in ("none", "required"):
-        return ToolChoice(value)
-    if isinstance(value, dict) and value.get("type") == "function":
-        function = value.get("function")
-        name = function.get("name") if isinstance(function, dict) else None
-        if isinstance(name, str) and name:
-            return ToolChoice("named", name)
-    raise _refuse(
-        "tool_choice",
-        'expected "auto", "none", "required" or {"type": "function", "function": {"name": ...}}',
-    )
 
 
 def output_format_from_wire(value: Any) -> OutputFormat | None:
