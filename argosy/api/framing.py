@@ -13,11 +13,10 @@ request timeout, say) is named in an SSE comment just before `[DONE]`:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -29,7 +28,6 @@ from argosy.errors import ArgosyError
 log = logging.getLogger("argosy.api")
 
 DONE_FRAME = b"data: [DONE]\n\n"
-T = TypeVar("T")
 
 
 def _json(payload: Any) -> bytes:
@@ -80,37 +78,6 @@ async def sse_frames(
         yield degraded_comment(degraded)
     if done:
         yield DONE_FRAME
-
-
-async def with_heartbeats(items: AsyncIterator[T], every_s: float) -> AsyncGenerator[T | None, None]:
-    """`items` as they come, with a None in between whenever none came for `every_s` seconds
-    (a dialect's keep-alive: Anthropic's `ping`). Waiting does not disturb `items`: the wait
-    for its next item carries on across beats; closing this closes `items`."""
-    iterator = aiter(items)
-    pending: asyncio.Task[T] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(_next_item(iterator))
-            done, _ = await asyncio.wait({pending}, timeout=every_s)
-            if not done:
-                yield None
-                continue
-            task, pending = pending, None
-            try:
-                item = task.result()
-            except StopAsyncIteration:
-                return
-            yield item
-    finally:
-        if pending is not None:
-            pending.cancel()
-            await asyncio.wait({pending})  # its cancellation runs before `items` is closed
-        await iterator.aclose()  # type: ignore[attr-defined]
-
-
-async def _next_item(iterator: AsyncIterator[T]) -> T:
-    return await anext(iterator)
 
 
 async def ndjson_lines(

@@ -12,7 +12,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -79,6 +79,10 @@ class CollectedChoice:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     channels: ChannelCollector = field(default_factory=ChannelCollector)  # chat: the message
+
+
+class _Heartbeat(Exception):
+    """No engine output for the heartbeat's interval (internal to CoreStream)."""
 
 
 class CoreStream:
@@ -223,9 +227,15 @@ class CoreStream:
         return True
 
     def __aiter__(self) -> AsyncIterator[Event]:
-        return self._events()
+        return self._events(None)  # type: ignore[return-value]  # no heartbeat: never None
 
-    async def _events(self) -> AsyncIterator[Event]:
+    def with_heartbeats(self, every_s: float) -> AsyncGenerator[Event | None, None]:
+        """The events, with a None in between whenever none came for `every_s` seconds (a
+        dialect's keep-alive: Anthropic's `ping`). The wait is the stream's own queue wait
+        under a timer, armed only when no output is waiting: no task per event."""
+        return self._events(every_s)
+
+    async def _events(self, heartbeat_s: float | None) -> AsyncGenerator[Event | None, None]:
         if not self._is_started:
             raise RuntimeError("iterate a CoreStream inside `async with`")
         num_unfinished = len(self.choices)
@@ -233,7 +243,10 @@ class CoreStream:
             if self._abort_error is not None:
                 raise self._abort_error
             try:
-                index, item = await self._next_output()
+                index, item = await self._next_output(heartbeat_s)
+            except _Heartbeat:
+                yield None
+                continue
             except TimeoutError:
                 for event in self._time_out():
                     self._observe(event)
@@ -249,21 +262,34 @@ class CoreStream:
                 raise ArgosyError(f"Generation failed: {type(item).__name__}: {item}") from item
             choice = self.choices[index]
             self.timing.stamp(index, item.num_output_tokens)
+            if self.timing.queue_s is None:
+                self.timing.queue_s = item.queue_s
             for event in choice.on_output(item):
                 self._observe(event)
                 yield event
             if item.finished:
                 num_unfinished -= 1
 
-    async def _next_output(self) -> tuple[int, RequestOutput | BaseException]:
-        if self._deadline is None:
-            return await self._queue.get()
-        remaining_s = self._deadline - time.perf_counter()
-        if remaining_s <= 0:
+    async def _next_output(self, heartbeat_s: float | None) -> tuple[int, RequestOutput | BaseException]:
+        """The next engine output; TimeoutError past the request's deadline, _Heartbeat when
+        `heartbeat_s` passed without one (the deadline wins when both are due)."""
+        remaining_s = None if self._deadline is None else self._deadline - time.perf_counter()
+        if remaining_s is not None and remaining_s <= 0:
             raise TimeoutError
         if not self._queue.empty():  # the common case under load: no timer needed
             return self._queue.get_nowait()
-        return await asyncio.wait_for(self._queue.get(), remaining_s)
+        if remaining_s is None and heartbeat_s is None:
+            return await self._queue.get()
+        is_beat = heartbeat_s is not None and (remaining_s is None or heartbeat_s < remaining_s)
+        wait_s = heartbeat_s if is_beat else remaining_s
+        try:
+            # asyncio.timeout, not wait_for: no task per wait (a cancelled Queue.get loses nothing)
+            async with asyncio.timeout(wait_s):
+                return await self._queue.get()
+        except TimeoutError:
+            if is_beat:
+                raise _Heartbeat from None
+            raise
 
     def _time_out(self) -> list[Event]:
         """The wall-clock limit passed: stop the engine requests and finish every unfinished

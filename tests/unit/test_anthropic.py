@@ -379,17 +379,20 @@ class SlowStream:
     async def __aexit__(self, *exc: object) -> None:
         self.log.append("stream exited")  # where the real one aborts its engine requests
 
-    async def _events(self) -> AsyncIterator[Any]:
+    async def with_heartbeats(self, every_s: float) -> AsyncIterator[Any]:
+        """CoreStream's contract: a None whenever nothing came for `every_s` seconds."""
         try:
             yield TextDelta(0, "Red")
-            await self.release.wait()
+            while not self.release.is_set():
+                try:
+                    async with asyncio.timeout(every_s):
+                        await self.release.wait()
+                except TimeoutError:
+                    yield None
             yield TextDelta(0, ", blue")
             yield Finish(0, "stop", self.usage)
         finally:
             self.log.append("events closed")
-
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self._events()
 
 
 def test_the_stream_pings_after_message_start_and_while_waiting(monkeypatch: pytest.MonkeyPatch) -> None:

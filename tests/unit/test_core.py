@@ -144,3 +144,45 @@ def test_a_slow_reader_is_cut_after_its_buffer_and_the_engine_request_stops(tiny
             time.sleep(0.01)
     finally:
         engine.shutdown()
+
+
+class HeldEngine:
+    """The real engine, but each request starts only once `release` is set."""
+
+    def __init__(self, engine: object) -> None:
+        self._engine = engine
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._engine, name)
+
+    async def generate(self, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        await self.release.wait()
+        async for out in self._engine.generate(*args, **kwargs):  # type: ignore[attr-defined]
+            yield out
+
+
+@on_tiny_llama
+def test_heartbeats_come_while_no_output_waits_and_change_nothing_else(core: ModelService) -> None:
+    sampling = RequestSampling(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+    async def run(every_s: float | None) -> list[object]:
+        stream = core.start(CoreRequest(prompts=[PROMPT], sampling=sampling))
+        held = HeldEngine(stream._engine)
+        stream._engine = held  # type: ignore[assignment]
+        events: list[object] = []
+        async with stream:
+            source = stream.with_heartbeats(every_s) if every_s is not None else aiter(stream)
+            if every_s is None:
+                held.release.set()
+            async for event in source:
+                events.append(event)
+                if event is None and events.count(None) == 2:
+                    held.release.set()  # two beats while the engine is held: let it run
+        return events
+
+    beaten = asyncio.run(run(0.01))
+    plain = asyncio.run(run(None))
+    assert beaten[:2] == [None, None]
+    assert [e for e in beaten if e is not None] == plain  # the same events, only beats added
+    assert isinstance(plain[-1], Finish) and plain[-1].usage.completion_tokens == 6

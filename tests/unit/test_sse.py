@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from argosy.api.errors import openai_error_body
-from argosy.api.framing import DONE_FRAME, data_frame, error_frame, sse_frames, with_heartbeats
+from argosy.api.framing import DONE_FRAME, data_frame, error_frame, sse_frames
 from argosy.errors import ArgosyError, InvalidRequestError
 
 
@@ -102,65 +102,3 @@ def test_argosy_error_subclasses_keep_their_kind() -> None:
     payload = json.loads(run_frames(chunks())[0].split(b"data: ", 1)[1])
     assert payload["error"]["type"] == "server_error"
     assert payload["error"]["message"] == "engine gone"
-
-
-# -- heartbeats ------------------------------------------------------------------------------
-
-
-def test_heartbeats_come_while_the_next_item_is_awaited_and_do_not_disturb_it() -> None:
-    async def main() -> list[str | None]:
-        release = asyncio.Event()
-
-        async def items() -> AsyncIterator[str]:
-            yield "a"
-            await release.wait()  # not cancelled by the beats: the same wait carries on
-            yield "b"
-
-        seen: list[str | None] = []
-        async for item in with_heartbeats(items(), 0.01):
-            seen.append(item)
-            if seen.count(None) == 2:
-                release.set()
-        return seen
-
-    assert asyncio.run(main()) == ["a", None, None, "b"]
-
-
-def test_heartbeats_pass_a_failure_on() -> None:
-    async def items() -> AsyncIterator[int]:
-        yield 1
-        raise InvalidRequestError("bad", "messages")
-
-    async def main() -> list[int | None]:
-        return [item async for item in with_heartbeats(items(), 10.0)]
-
-    try:
-        asyncio.run(main())
-    except InvalidRequestError as exc:
-        assert exc.param == "messages"
-    else:
-        raise AssertionError("the failure was swallowed")
-
-
-def test_closing_heartbeats_mid_wait_closes_the_items() -> None:
-    events: list[str] = []
-
-    async def items() -> AsyncIterator[int]:
-        try:
-            yield 1
-            await asyncio.Event().wait()  # never comes
-            yield 2
-        except asyncio.CancelledError:
-            events.append("cancelled")
-            raise
-        finally:
-            events.append("closed")
-
-    async def main() -> None:
-        beats = with_heartbeats(items(), 0.01)
-        assert await anext(beats) == 1
-        assert await anext(beats) is None  # waiting for 2
-        await beats.aclose()
-
-    asyncio.run(main())
-    assert events == ["cancelled", "closed"]

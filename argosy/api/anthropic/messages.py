@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse, Response
 from argosy.api.anthropic.render import MessageStream, message_id, message_json
 from argosy.api.anthropic.wire import chat_input_from_wire
 from argosy.api.errors import anthropic_error_body
-from argosy.api.framing import sse_frames, with_heartbeats
+from argosy.api.framing import sse_frames
 from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
 from argosy.api.wire import StopField, WireModel, degraded_headers, named_unknown, respond
@@ -279,7 +279,7 @@ async def _stream_events(
         yield PING
         # closed here, not left to the garbage collector: its wait for the next event ends
         # before the stream's engine requests are aborted
-        async with contextlib.aclosing(with_heartbeats(aiter(stream), PING_EVERY_S)) as events:
+        async with contextlib.aclosing(stream.with_heartbeats(PING_EVERY_S)) as events:
             async for event in events:
                 if event is None:
                     yield PING
