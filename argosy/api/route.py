@@ -80,6 +80,7 @@ def note_generation(record: RequestRecord, stream: CoreStream) -> None:
     record.cached_tokens = usage.cached_tokens
     record.finish_reason = stream.choices[0].finish_reason if stream.choices else None
     record.ttft_s = stream.timing.ttft_s
+    record.queue_s = stream.timing.queue_s
     record.decode_tokens, record.decode_s = stream.timing.decode()
 
 

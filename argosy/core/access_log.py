@@ -50,6 +50,7 @@ class GenerationTiming:
 
     arrival_time: float
     first_output_time: float | None = None
+    queue_s: float | None = None  # the first choice's wait in the engine's queue, as it said
     _spans: dict[int, _Span] = field(default_factory=dict)
 
     def stamp(self, index: int, num_output_tokens: int, now: float | None = None) -> None:

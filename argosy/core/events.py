@@ -48,7 +48,7 @@ class RequestRecord:
     cached_tokens: int | None = None
     finish_reason: str | None = None
     ttft_s: float | None = None  # arrival -> first output
-    queue_s: float | None = None  # arrival -> first scheduled, when the engine says
+    queue_s: float | None = None  # the engine took it -> first scheduled, as the engine says
     decode_tokens: int | None = None  # tokens after each choice's first output
     decode_s: float | None = None  # the span they took (inter-token latency = decode_s / decode_tokens)
     sampling: dict[str, Any] | None = None  # the effective sampling (x-argosy-sampling)

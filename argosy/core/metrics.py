@@ -15,9 +15,8 @@ only a resolved id; one not configured here is "none" too), `dialect` one of DIA
 `reason` an error kind of the code's own (a malformed one is "other"), `status` the status
 the server sent.
 
-Not measured: vLLM's request_queue_time_seconds (arrival -> first scheduled). The engine's
-outputs do not say when a sequence was first scheduled, so RequestEvent.queue_s stays None;
-the metric comes once the engine reports it.
+Queue time is vLLM's meaning: the engine took the sequence -> its first scheduling step, as
+the engine reports it on its outputs (RequestOutput.queue_s; the first choice's with n > 1).
 """
 
 from __future__ import annotations
@@ -128,6 +127,13 @@ class RequestMetrics:
             registry=registry,
             buckets=E2E_BUCKETS,
         )
+        self.queue = Histogram(
+            "argosy:request_queue_time_seconds",
+            "Time a generation waited in the engine's queue before its first scheduling step.",
+            labels,
+            registry=registry,
+            buckets=TTFT_BUCKETS,
+        )
         self.itl = WeightedHistogram(
             "argosy:inter_token_latency_seconds",
             "Gap between output tokens after the first (one observation per token: its request's mean gap).",
@@ -160,6 +166,8 @@ class RequestMetrics:
         self.e2e.labels(*labels).observe(event.duration_s)
         if event.ttft_s is not None:
             self.ttft.labels(*labels).observe(event.ttft_s)
+        if event.queue_s is not None:
+            self.queue.labels(*labels).observe(event.queue_s)
         if event.decode_tokens and event.decode_s is not None:
             self.itl.observe(labels, event.decode_s / event.decode_tokens, event.decode_tokens)
 

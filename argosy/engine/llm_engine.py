@@ -329,6 +329,7 @@ class LLMEngine:
             error=seq.error,
             num_spec_proposed=seq.num_spec_proposed if self.proposer is not None else None,
             num_spec_accepted=seq.num_spec_accepted if self.proposer is not None else None,
+            queue_s=seq.queue_s,
         )
 
     def stats(self) -> EngineStats:

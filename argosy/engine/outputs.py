@@ -42,6 +42,7 @@ class RequestOutput:
     # speculative decoding totals so far; None when the engine does not speculate
     num_spec_proposed: int | None = None  # draft tokens verified
     num_spec_accepted: int | None = None  # draft tokens accepted
+    queue_s: float | None = None  # the engine took it -> first scheduled (None: not yet)
 
 
 @dataclass(slots=True)

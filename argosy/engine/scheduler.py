@@ -127,7 +127,8 @@ class Scheduler:
                     return  # cannot fit even alone; retried next step
                 self._preempt(max(others, key=_preemption_order), out)
             self.block_manager.allocate(seq, num_new, [])
-            seq.is_first_admission = False
+            if seq.is_first_admission:
+                seq.first_admitted()
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -214,7 +215,7 @@ class Scheduler:
             self.block_manager.allocate(seq, num_new, cached)
             if seq.is_first_admission:
                 seq.num_cached_tokens = min(num_cached_tokens, seq.num_prompt_tokens)
-                seq.is_first_admission = False
+                seq.first_admitted()
             batchable.pop(0)
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,8 @@ class Sequence:
     num_reported_tokens: int = 0
     is_prompt_logprobs_reported: bool = False
     is_first_admission: bool = True
+    added_time: float = field(default_factory=time.perf_counter)  # when the engine took it
+    queue_s: float | None = None  # added -> first scheduled (vLLM's queue time)
     # speculative decoding: the draft scheduled this step (verified after token num_tokens - 1),
     # the proposer's per-sequence state, and per-request totals
     spec_token_ids: list[int] = field(default_factory=list)
@@ -85,6 +88,11 @@ class Sequence:
     def is_prefilling(self) -> bool:
         """Still computing tokens it already has (prompt, or outputs after a preemption)."""
         return self.num_computed_tokens < self.num_tokens - 1
+
+    def first_admitted(self) -> None:
+        """Scheduled for the first time: its wait in the queue ends."""
+        self.is_first_admission = False
+        self.queue_s = time.perf_counter() - self.added_time
 
     def token_at(self, index: int) -> int:
         """Token `index`; past the known tokens, the draft being verified."""

@@ -81,6 +81,10 @@ def test_metrics_counters_move_by_the_requests_and_tokens_sent(http: httpx.Clien
         assert delta("argosy:request_success_total", **OPENAI, finished_reason=reason) == count
     assert delta("argosy:time_to_first_token_seconds_count", **OPENAI) == len(answers)
     assert delta("argosy:e2e_request_latency_seconds_count", **OPENAI) == len(answers)
+    # every generation waited in the engine's queue for some time, less than until its first token
+    assert delta("argosy:request_queue_time_seconds_count", **OPENAI) == len(answers)
+    queued_s = delta("argosy:request_queue_time_seconds_sum", **OPENAI)
+    assert 0 < queued_s < delta("argosy:time_to_first_token_seconds_sum", **OPENAI)
     # one observation per token after each request's first (no speculation in this server)
     assert delta("argosy:inter_token_latency_seconds_count", **OPENAI) == generation_tokens - len(answers)
     # each prompt is looked up in the prefix cache once, token by token

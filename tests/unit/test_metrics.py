@@ -73,7 +73,9 @@ def test_a_generation_counts_its_request_tokens_finish_and_latencies(
     registry: CollectorRegistry, observe: RequestMetrics
 ) -> None:
     observe(generation())
-    observe(generation(prompt_tokens=5, completion_tokens=3, cached_tokens=0, finish_reason="stop"))
+    observe(
+        generation(prompt_tokens=5, completion_tokens=3, cached_tokens=0, finish_reason="stop", queue_s=0.004)
+    )
     assert value(registry, "argosy:http_requests_total", **LABELS, status="200") == 2
     assert value(registry, "argosy:prompt_tokens_total", **LABELS) == 25
     assert value(registry, "argosy:prompt_tokens_cached_total", **LABELS) == 16
@@ -85,6 +87,10 @@ def test_a_generation_counts_its_request_tokens_finish_and_latencies(
     assert value(registry, "argosy:time_to_first_token_seconds_bucket", **LABELS, le="0.02") == 0
     assert value(registry, "argosy:time_to_first_token_seconds_bucket", **LABELS, le="0.04") == 2
     assert value(registry, "argosy:e2e_request_latency_seconds_sum", **LABELS) == pytest.approx(2.4)
+    # the queue time only where the engine said it (the first generation's event has none)
+    assert value(registry, "argosy:request_queue_time_seconds_count", **LABELS) == 1
+    assert value(registry, "argosy:request_queue_time_seconds_bucket", **LABELS, le="0.001") == 0
+    assert value(registry, "argosy:request_queue_time_seconds_bucket", **LABELS, le="0.005") == 1
     assert value(registry, "argosy:requests_rejected_total", **LABELS, reason="not_found") is None
 
 

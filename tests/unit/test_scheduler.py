@@ -7,6 +7,8 @@ sampled and finishes it at max_tokens; the scheduler's decisions are pinned exac
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from argosy.engine.block_manager import BlockManager
@@ -139,6 +141,28 @@ def test_max_num_seqs_caps_the_running_set() -> None:
     assert plan(run_step(sched)) == [("s1", 1), ("s2", 1)]  # s1 finishes here
     assert plan(run_step(sched)) == [("s2", 1), ("s3", 4)]
     assert first.is_finished and second.is_finished and third.is_finished
+
+
+def test_the_queue_time_is_taken_at_first_admission_and_kept_through_a_preemption() -> None:
+    sched = make_scheduler(max_num_seqs=1)
+    first, second = make_seq("q1", 4, 2), make_seq("q2", 4, 1)
+    first.added_time = second.added_time = time.perf_counter() - 5.0  # both waited 5 s already
+    sched.add(first)
+    sched.add(second)
+    run_step(sched)
+    assert first.queue_s is not None and 5.0 <= first.queue_s < 6.0
+    assert second.queue_s is None  # still waiting behind it
+    run_step(sched)  # first finishes
+    run_step(sched)
+    assert second.queue_s is not None and second.queue_s >= first.queue_s
+    sched.add(again := make_seq("q3", 4, 2))
+    run_step(sched)
+    taken = again.queue_s
+    sched._preempt(again, SchedulerOutput())  # back to waiting: it is admitted again
+    assert again in sched.waiting
+    out = run_step(sched)
+    assert [name for name, _ in plan(out)] == ["q3"]  # scheduled again (its blocks from the cache)
+    assert again.queue_s == taken  # the first admission's, not the second's
 
 
 def test_qos_orders_admission_regardless_of_arrival() -> None:
