@@ -1,6 +1,7 @@
 """How often does batching flip a greedy near-tie? 100 prompts, solo vs in batches of 16.
 
     .venv/bin/python bench/batch_flips.py [--dtype bfloat16] [--prompts 100] [--tokens 32]
+        [--quantization auto --numerics invariant]
 
 Prints the number of prompts whose greedy tokens differ between a solo run and a batched
 run, and the mean position of the first difference. In float32 this should be 0.
@@ -41,6 +42,9 @@ def main() -> None:
         "--quantization", default="none", help="none (bf16 weights, like transformers) | auto | int4 | int8"
     )
     parser.add_argument("--compile", default="on", choices=["on", "off"], help="compiled decode step")
+    parser.add_argument(
+        "--numerics", default="fast", choices=["fast", "invariant"], help="the engine's numerics mode"
+    )
     parser.add_argument("--prompts", type=int, default=100)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--batch", type=int, default=16)
@@ -51,6 +55,7 @@ def main() -> None:
             dtype=args.dtype,
             quantization=args.quantization,
             compile=args.compile,
+            numerics=args.numerics,
             enable_prefix_caching=False,
         )
     )
@@ -73,7 +78,7 @@ def main() -> None:
     ]
     mean_pos = sum(flips) / len(flips) if flips else float("nan")
     print(
-        f"dtype={args.dtype} prompts={len(prompts)} tokens={args.tokens} batch={args.batch}: "
+        f"numerics={args.numerics} quantization={args.quantization} dtype={args.dtype} prompts={len(prompts)} tokens={args.tokens} batch={args.batch}: "
         f"{len(flips)} differ (first difference at token {mean_pos:.1f} on average)"
     )
 

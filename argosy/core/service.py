@@ -73,6 +73,7 @@ class ModelInfo:
     speculative: str = "none"  # speculative decoding method (--speculative)
     weights: str | None = None  # how the weights are held and computed, e.g. "int4 (GGUF Q4 blocks) ..."
     compiled_decode: bool | None = None  # decode steps run a torch.compile graph
+    deterministic: bool | None = None  # tokens independent of batch, chunking, cache (--numerics invariant)
     dimensions: int | None = None  # embedding models: the vector's length
     memory_bytes: int | None = None  # loaded: weights and buffers (+ KV pool), as allocated
     error: str | None = None  # failed: why it did not load
@@ -194,6 +195,7 @@ class ModelService:
             speculative=self.options.speculative,
             weights=description.weights,
             compiled_decode=description.compiled_decode,
+            deterministic=description.deterministic,
             has_thinking=self._chat_profile is not None and self._chat_profile.has_reasoning,
             has_tools=self._chat_profile is not None,
             memory_bytes=description.memory_bytes,

@@ -38,8 +38,14 @@ class LLMEngine:
             source = resolve_model(config.model, config.cache_dir)
         self.source = source
         self.dtype = resolve_dtype(config.dtype, config.device)
+        self.invariant = config.numerics == "invariant"
         self.model = load_model(
-            self.source, self.dtype, config.device, config.quantization, pack=config.compile == "on"
+            self.source,
+            self.dtype,
+            config.device,
+            config.quantization,
+            pack=config.compile == "on",
+            invariant=self.invariant,
         )
         cfg = self.model.config
         per_block = kv_bytes_per_block(
@@ -76,10 +82,11 @@ class LLMEngine:
             cfg.vocab_size,
             config.seed,
             config.device,
+            invariant=self.invariant,
         )
         # graphs: one row; up to max_int4_rows; above (BatchSwitchLinear's branch)
         self.compiled = config.compile == "on" and self.runner.compile_decode(
-            [1, 2, 3, max_int4_rows(self.dtype) + 1]
+            [1, 2, 3, max_int4_rows(self.dtype, self.invariant) + 1]
         )
         self.weights = describe_weights(self.model, self.dtype)
         release_free_memory()
@@ -132,7 +139,8 @@ class LLMEngine:
             weights=self.weights,
             compiled_decode=self.compiled,
             memory_bytes=model_memory_bytes(self.model) + kv_bytes,
-            kernels=native_ops_path(),
+            kernels=native_ops_path(self.invariant),
+            deterministic=self.invariant,
         )
 
     # -- requests ------------------------------------------------------------------------

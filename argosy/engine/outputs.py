@@ -87,6 +87,7 @@ class ModelDescription:
     compiled_decode: bool
     memory_bytes: int  # weights and buffers plus the KV pool, as allocated
     kernels: str = "python"  # the ops the steps run: native+amx | native | python (native_ops_path)
+    deterministic: bool = False  # --numerics invariant: a request's tokens do not depend on its batch
 
     def encode(self, text: str) -> list[int]:
         """A raw prompt's token ids, with the BOS the model's tokenizer config asks for."""

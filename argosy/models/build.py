@@ -22,7 +22,13 @@ from argosy.models.quantize import apply_int4, apply_int8, apply_int8_head
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
 from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
-from argosy.ops.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear, native_qlinear
+from argosy.ops.quantized_linear import (
+    BatchSwitchLinear,
+    Int4Linear,
+    Int8Linear,
+    invariant_qlinear,
+    native_qlinear,
+)
 
 log = logging.getLogger("argosy.models")
 
@@ -50,7 +56,11 @@ MAX_INT4_ROWS_TORCH = 4
 MAX_INT4_ROWS_NATIVE = 32
 
 
-def max_int4_rows(dtype: torch.dtype) -> int:
+def max_int4_rows(dtype: torch.dtype, invariant: bool = False) -> int:
+    """Rows up to which int4 layers serve a step and float twins the rest; 0 where the
+    invariant kernels serve every number of rows (one form of the weights, no twin)."""
+    if invariant and invariant_qlinear(dtype):
+        return 0
     return MAX_INT4_ROWS_NATIVE if native_qlinear(dtype) else MAX_INT4_ROWS_TORCH
 
 
@@ -60,9 +70,11 @@ def load_model(
     device: str = "cpu",
     quantization: str = "none",
     pack: bool = False,
+    invariant: bool = False,
 ) -> DecoderForCausalLM:
     """Build and load the model; quantize it; with `pack`, pack float weights for oneDNN
-    (and keep int4 layers' float twins for steps of many rows)."""
+    (and keep int4 layers' float twins for steps of many rows); with `invariant`, the
+    quantized layers run the invariant kernels for every row count (no twins)."""
     with _BUILD_LOCK:
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype)  # build the parameters in their final dtype: no fp32 copy
@@ -85,7 +97,15 @@ def load_model(
     model.load_weights(weights())
     model = model.to(device=device, dtype=dtype).eval()
     pack = pack and packing_supported(dtype, device)
-    _quantize(model, source, dtype, device, quantization, max_int4_rows(dtype) if pack else 0)
+    if invariant and quantization == "none":
+        raise ModelLoadError(
+            "--numerics invariant runs the quantized kernels: use --quantization auto, int4 or int8"
+        )
+    if invariant and not invariant_qlinear(dtype):
+        raise ModelLoadError("--numerics invariant needs the native ops (a C++ compiler); none built here")
+    _quantize(
+        model, source, dtype, device, quantization, max_int4_rows(dtype, invariant) if pack else 0, invariant
+    )
     if pack:
         log.info(
             "packed %s weights: %d linear layers", str(dtype).removeprefix("torch."), apply_packing(model)
@@ -100,6 +120,7 @@ def _quantize(
     device: str,
     mode: str,
     max_int4_rows: int = 0,
+    invariant: bool = False,
 ) -> None:
     if mode == "none":
         return
@@ -107,15 +128,24 @@ def _quantize(
         raise ModelLoadError(f"quantization {mode!r} uses CPU kernels; use --quantization none on {device}")
     blocks_file = Path(source.weights_dir) / INT4_FILE
     if mode == "int8":
-        count = apply_int8(model, dtype)
+        count = apply_int8(model, dtype, invariant)
     elif blocks_file.exists():
-        count = apply_int4(model, load_file(str(blocks_file)), dtype, max_int4_rows)
-        if dtype != torch.float32:  # float32 asks for precision: its head stays exact
+        count = apply_int4(model, load_file(str(blocks_file)), dtype, max_int4_rows, invariant)
+        if invariant or dtype != torch.float32:  # float32 asks for precision: its head stays exact
             # the native int8 kernel serves any number of rows (2+; torch's serves one): no
             # float twin of the head (57 MB of SmolLM2's peak memory)
-            apply_int8_head(model, dtype, 0 if native_qlinear(dtype) else max_int4_rows)
+            apply_int8_head(
+                model,
+                dtype,
+                0 if native_qlinear(dtype) else max_int4_rows,
+                invariant=invariant,
+                float_output=True,
+            )
     elif mode == "int4":
         raise ModelLoadError("int4 uses a GGUF file's own Q4_0/Q4_1 blocks; this model has none (try int8)")
+    elif invariant:  # auto without 4-bit blocks: int8, which the invariant kernels serve
+        count = apply_int8(model, dtype, invariant)
+        apply_int8_head(model, dtype, invariant=True, float_output=True)
     else:
         return  # auto without 4-bit blocks: keep the float weights
     log.info("quantization %s: %d projection layers", mode, count)
@@ -130,6 +160,8 @@ def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
         isinstance(head, BatchSwitchLinear) and isinstance(head.small, Int8Linear)
     )
     int4 = "int4 (GGUF Q4 blocks)" + (", int8 output head" if int8_head else "")
+    if any(getattr(m, "invariant", False) for m in model.modules()):
+        int4 += " (invariant kernels: every row count, fp32 logits)" if int8_head else " (invariant kernels)"
     switches = [m for m in model.modules() if isinstance(m, BatchSwitchLinear)]
     if switches and isinstance(head, Int8Linear):  # the head is int8 at every step
         return (

@@ -28,7 +28,11 @@ def _replace(model: nn.Module, path: str, module: nn.Module) -> None:
 
 
 def apply_int4(
-    model: DecoderForCausalLM, blocks: dict[str, torch.Tensor], dtype: torch.dtype, max_int4_rows: int = 0
+    model: DecoderForCausalLM,
+    blocks: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    max_int4_rows: int = 0,
+    invariant: bool = False,
 ) -> int:
     """Use the file's 4-bit blocks wherever every part of a projection has them; returns the
     number of layers swapped (the rest keep their float weights). With max_int4_rows > 0
@@ -43,30 +47,38 @@ def apply_int4(
             current = model.get_submodule(path)
             assert isinstance(current, nn.Linear)
             codes, d, m = (torch.cat([blocks[f"{n}.{key}"] for n in names]) for key in ("codes", "d", "m"))
-            int4 = Int4Linear(codes, d, m, current.bias, dtype)
+            int4 = Int4Linear(codes, d, m, current.bias, dtype, invariant=invariant)
             _replace(model, path, BatchSwitchLinear(int4, current, max_int4_rows) if max_int4_rows else int4)
             count += 1
     return count
 
 
-def apply_int8(model: DecoderForCausalLM, dtype: torch.dtype) -> int:
+def apply_int8(model: DecoderForCausalLM, dtype: torch.dtype, invariant: bool = False) -> int:
     count = 0
     for i in range(model.config.num_layers):
         for fused in _FUSED_PARTS:
             path = f"layers.{i}.{fused}"
             current = model.get_submodule(path)
             if isinstance(current, nn.Linear):
-                _replace(model, path, Int8Linear(current.weight, current.bias, dtype))
+                _replace(model, path, Int8Linear(current.weight, current.bias, dtype, invariant=invariant))
                 count += 1
     return count
 
 
-def apply_int8_head(model: DecoderForCausalLM, dtype: torch.dtype, max_int8_rows: int = 0) -> None:
+def apply_int8_head(
+    model: DecoderForCausalLM,
+    dtype: torch.dtype,
+    max_int8_rows: int = 0,
+    *,
+    invariant: bool = False,
+    float_output: bool = False,
+) -> None:
     """An int8 (per output channel) copy of the output head, for steps of at most
     max_int8_rows rows when given (the float head serves the rest): at one row it reads half
     the bytes of bf16 (0.95 vs 1.34 ms for SmolLM2's 49152 x 576 head, 2 threads), but int8's
-    kernel slows with rows (3.3 ms at 8). A tied head keeps the embeddings in float."""
+    kernel slows with rows (3.3 ms at 8). A tied head keeps the embeddings in float.
+    `float_output`: logits in float32 where the invariant kernels serve the head."""
     head = model.lm_head
     assert isinstance(head, nn.Linear)
-    int8 = Int8Linear(head.weight, head.bias, dtype)
+    int8 = Int8Linear(head.weight, head.bias, dtype, invariant=invariant, float_output=float_output)
     model.lm_head = BatchSwitchLinear(int8, head, max_int8_rows) if max_int8_rows else int8  # type: ignore[assignment]

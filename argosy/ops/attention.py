@@ -16,6 +16,15 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from argosy.ops.native import load_native_ops
+
+
+def per_row_attention_available() -> bool:
+    """True when the native paged attention (csrc/paged_decode.cpp) serves every row: each
+    token over its own visible positions, one (row, KV head) at a time, in an order that
+    depends on nothing else in the step."""
+    return load_native_ops()
+
 
 @dataclass(slots=True)
 class PrefillChunk:
@@ -172,9 +181,23 @@ class CpuPagedAttention:
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         assert meta.decode_block_ids is not None and meta.decode_mask is not None
-        out = grouped_decode_attention(
-            q, k_cache, v_cache, meta.decode_block_ids, meta.decode_mask, meta.block_size
-        )
+        if per_row_attention_available():  # the compiled decode step's kernel, so eager steps match it
+            rows = meta.num_decodes
+            out = torch.ops.argosy_ext.paged_decode(
+                q,
+                k_cache.index_select(0, meta.slot_mapping[:rows]),
+                v_cache.index_select(0, meta.slot_mapping[:rows]),
+                k_cache,
+                v_cache,
+                meta.slot_mapping[:rows],
+                meta.decode_block_ids,
+                meta.decode_mask,
+                meta.block_size,
+            )
+        else:
+            out = grouped_decode_attention(
+                q, k_cache, v_cache, meta.decode_block_ids, meta.decode_mask, meta.block_size
+            )
         return out.view(q.shape)
 
     def _prefill_batched(

@@ -69,10 +69,66 @@ def load_native_ops() -> bool:
     return True
 
 
-def native_ops_path() -> str:
+def load_invariant_ops() -> bool:
+    """Build (or reuse) and load the invariant quantized kernels (csrc/iq_linear.cpp) as their
+    own library, torch.ops.argosy_iq: built without -ffast-math and with -ffp-contract=off,
+    so the compiler cannot reorder or fuse their float arithmetic, and without -march=native
+    (each path carries its own target attribute and is chosen at run time by CPU features).
+    False when there is no compiler, the build fails, or native ops are switched off."""
+    if "invariant" in _state:
+        return _state["invariant"]
+    _state["invariant"] = False
+    if not _enabled[0]:
+        return False
+    started = time.perf_counter()
+    try:
+        from torch.utils import cpp_extension
+
+        directory = build_dir() / "invariant"
+        directory.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(
+            name="argosy_invariant",
+            sources=[str(Path(__file__).parent / "csrc" / "iq_linear.cpp")],
+            extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a build error: fall back
+        log.warning("invariant kernels unavailable (%s)", exc)
+        return False
+    _register_invariant_fakes()
+    _state["invariant"] = True
+    log.info(
+        "invariant kernels loaded in %.1fs: %s path (this CPU has %s)",
+        time.perf_counter() - started,
+        torch.ops.argosy_iq.path(),
+        ", ".join(torch.ops.argosy_iq.paths()),
+    )
+    return True
+
+
+def _register_invariant_fakes() -> None:
+    def out_dtype(x: torch.Tensor, out_float32: bool) -> torch.dtype:
+        return torch.float32 if out_float32 else x.dtype
+
+    @torch.library.register_fake("argosy_iq::q4_linear")
+    def _(x, codes, scales, mins, out_features, out_float32):  # type: ignore[no-untyped-def]
+        return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
+
+    @torch.library.register_fake("argosy_iq::q8_linear")
+    def _(x, codes, wsum, scales, out_features, out_float32):  # type: ignore[no-untyped-def]
+        return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
+
+
+def native_ops_path(invariant: bool = False) -> str:
     """Which ops this process's steps run, as far as they were loaded (nothing is built here):
+    "native+invariant-<path>" (the invariant quantized kernels on avx512-vnni, avx2 or scalar),
     "native+amx" (the native ops and the AMX quantized kernels), "native" or "python". Part
     of what identifies a model's numerics (the OpenAI routes' system_fingerprint)."""
+    if invariant and _state.get("invariant"):  # the quantized layers' kernels and their path
+        return f"native+invariant-{torch.ops.argosy_iq.path()}"
     if not _state.get("loaded"):
         return "python"
     return "native+amx" if bool(torch.ops.argosy_ext.qlinear_available()) else "native"

@@ -19,14 +19,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from argosy.ops.native import load_native_ops
+from argosy.ops.native import load_invariant_ops, load_native_ops
 
 GROUP_SIZE = 32  # weights per scale (and minimum): a GGUF Q4/Q8 block
 _TILE = 16  # outputs a tile of the native layout
 
 
+def invariant_qlinear(dtype: torch.dtype) -> bool:
+    """True when the invariant quantized kernels (csrc/iq_linear.cpp) serve this activation
+    dtype here: then every quantized layer runs them for every number of rows."""
+    return dtype in (torch.bfloat16, torch.float32) and load_invariant_ops()
+
+
 def native_qlinear(dtype: torch.dtype) -> bool:
-    """True when the native quantized kernels serve this activation dtype here."""
+    """True when the (AMX) native quantized kernels serve this activation dtype here."""
     return dtype == torch.bfloat16 and load_native_ops() and bool(torch.ops.argosy_ext.qlinear_available())
 
 
@@ -56,6 +62,36 @@ def q8_tiles(codes: torch.Tensor) -> torch.Tensor:
     return codes.view(n // _TILE, _TILE, k // 2, 2).transpose(1, 2).contiguous()
 
 
+def invariant_q4_layout(
+    codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """codes uint8 [N, K/2] (even column in the low nibble), d and m [N, K/32] -> the invariant
+    kernel's layout (csrc/iq_linear.cpp): codes [N/16, K/32, 4, 16, 4] where byte [t, g, c, i, b]
+    holds k = 32g+8c+b in its low nibble and k + 4 in its high one (output 16t+i), and d and m
+    float16 [N/16, K/32, 16] (GGUF holds them in float16: exact)."""
+    n, half_k = codes.shape
+    groups = 2 * half_k // GROUP_SIZE
+    q = torch.stack([codes & 0x0F, codes >> 4], dim=-1).view(n, 2 * half_k)
+    # k = 32g + 8c + 4h + b -> [t, i, g, c, h, b]
+    q = q.view(n // _TILE, _TILE, groups, 4, 2, 4)
+    packed = q[:, :, :, :, 0, :] | (q[:, :, :, :, 1, :] << 4)  # [t, i, g, c, b]
+    tiles = packed.permute(0, 2, 3, 1, 4).contiguous()
+
+    def per_tile(t: torch.Tensor) -> torch.Tensor:
+        return t.half().reshape(n // _TILE, _TILE, groups).transpose(1, 2).contiguous()
+
+    return tiles, per_tile(d), per_tile(m)
+
+
+def invariant_q8_layout(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 [N, K] -> the invariant kernel's layout [N/16, K/4, 16, 4] and each group's code
+    sum int32 [N/16, K/32, 16] (its VNNI path's correction for x biased to unsigned)."""
+    n, k = codes.shape
+    tiles = codes.view(n // _TILE, _TILE, k // 4, 4).permute(0, 2, 1, 3).contiguous()
+    sums = codes.view(n // _TILE, _TILE, k // GROUP_SIZE, GROUP_SIZE).sum(-1, dtype=torch.int32)
+    return tiles, sums.transpose(1, 2).contiguous()
+
+
 class Int4Linear(nn.Module):
     def __init__(
         self,
@@ -64,13 +100,22 @@ class Int4Linear(nn.Module):
         m: torch.Tensor,
         bias: torch.Tensor | None,
         dtype: torch.dtype,
+        invariant: bool = False,
     ) -> None:
-        """codes: uint8 [N, K/2] (even column in the low nibble); d, m: float32 [N, K/32]."""
+        """codes: uint8 [N, K/2] (even column in the low nibble); d, m: float32 [N, K/32].
+        `invariant`: the invariant kernels for every row count, where they build."""
         super().__init__()
         n, half_k = codes.shape
         self.in_features, self.out_features = 2 * half_k, n
-        self.native = native_qlinear(dtype) and _native_shape_ok(n, 2 * half_k)
+        self.invariant = invariant and invariant_qlinear(dtype) and _native_shape_ok(n, 2 * half_k)
+        self.native = not self.invariant and native_qlinear(dtype) and _native_shape_ok(n, 2 * half_k)
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+        if self.invariant:  # the one form, for every number of rows
+            iq_codes, iq_scales, iq_mins = invariant_q4_layout(codes, d, m)
+            self.register_buffer("iq_codes", iq_codes)
+            self.register_buffer("iq_scales", iq_scales)
+            self.register_buffer("iq_mins", iq_mins)
+            return
         if self.native:
             tiles, scales, mins = q4_tiles(codes, d, m)
             self.register_buffer("tiles", tiles)
@@ -84,7 +129,11 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        if self.native and x2.shape[0] > 1:
+        if self.invariant:
+            out = torch.ops.argosy_iq.q4_linear(
+                x2.contiguous(), self.iq_codes, self.iq_scales, self.iq_mins, self.out_features, False
+            )
+        elif self.native and x2.shape[0] > 1:
             out = torch.ops.argosy_ext.q4_linear(
                 x2.contiguous(), self.tiles, self.tile_scales, self.tile_mins, self.out_features
             )
@@ -97,7 +146,17 @@ class Int4Linear(nn.Module):
 
 
 class Int8Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        invariant: bool = False,
+        float_output: bool = False,
+    ) -> None:
+        """`invariant`: the invariant kernels for every row count, where they build;
+        `float_output`: then the result in float32 whatever `dtype` (an output head: logits
+        kept in fp32 through log-softmax)."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
         codes = torch.empty(weight.shape, dtype=torch.int8)
@@ -109,9 +168,20 @@ class Int8Linear(nn.Module):
             part = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
             codes[start : start + 4096] = torch.round(w / part[:, None]).clamp(-127, 127).to(torch.int8)
             scales[start : start + 4096] = part
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+        self.invariant = (
+            invariant and invariant_qlinear(dtype) and _native_shape_ok(self.out_features, self.in_features)
+        )
+        self.float_output = float_output and self.invariant
+        if self.invariant:  # the one form, for every number of rows
+            iq_codes, iq_sums = invariant_q8_layout(codes)
+            self.register_buffer("iq_codes", iq_codes)
+            self.register_buffer("iq_sums", iq_sums)
+            self.register_buffer("iq_scales", scales)  # float32
+            self.native = False
+            return
         self.register_buffer("weight_int8", codes)
         self.register_buffer("scales", scales.to(dtype))
-        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
         self.native = native_qlinear(dtype) and _native_shape_ok(self.out_features, self.in_features)
         if self.native:
             self.register_buffer("tiles", q8_tiles(codes))
@@ -120,7 +190,16 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        if self.native and x2.shape[0] > 1:
+        if self.invariant:
+            out = torch.ops.argosy_iq.q8_linear(
+                x2.contiguous(),
+                self.iq_codes,
+                self.iq_sums,
+                self.iq_scales,
+                self.out_features,
+                self.float_output,
+            )
+        elif self.native and x2.shape[0] > 1:
             out = torch.ops.argosy_ext.q8_linear(
                 x2.contiguous(), self.tiles, self.tile_scales, self.out_features
             )

@@ -106,7 +106,9 @@ class DecodeGraph(nn.Module):
 
 
 class CompiledDecoder:
-    def __init__(self, model: DecoderForCausalLM, block_size: int, native: bool | None = None) -> None:
+    def __init__(
+        self, model: DecoderForCausalLM, block_size: int, native: bool | None = None, invariant: bool = False
+    ) -> None:
         self.block_size = block_size
         self.native = load_native_ops() if native is None else native
         self.graph = DecodeGraph(model, block_size, self.native).eval()
@@ -116,6 +118,12 @@ class CompiledDecoder:
         # a C++ wrapper calls the graph's ~400 kernels and ops instead of generated Python:
         # ~1 ms less per step at one row (compiling takes ~2.5 min instead of ~1 the first time)
         torch._inductor.config.cpp_wrapper = True
+        if invariant:
+            # round every intermediate to the model dtype where eager rounds it: a fused kernel
+            # otherwise keeps fp32 between ops, and a token decoded in an eager (mixed) step
+            # would differ from the same token decoded here (bench/batch_flips.py, int4: 38 of
+            # 100 prompts -> 0 of 32). Process-wide, as inductor's config is.
+            torch._inductor.config.emulate_precision_casts = True
         self.fn = torch.compile(self.graph, dynamic=False, fullgraph=True)
         self.warm = False
         self.num_eager_fallbacks = 0  # compiled steps that failed and ran eagerly instead

@@ -18,7 +18,7 @@ from argosy.engine.outputs import TokenLogprob
 from argosy.engine.scheduler import ScheduledRequest, SchedulerOutput
 from argosy.engine.sequence import Sequence
 from argosy.models.llama import DecoderForCausalLM
-from argosy.ops.attention import AttentionMetadata, ContextBatch, PrefillChunk
+from argosy.ops.attention import AttentionMetadata, ContextBatch, PrefillChunk, per_row_attention_available
 from argosy.runner.compiled import MIN_BLOCKS, CompiledDecoder
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
 from argosy.runner.spec_decode import Verified, verify_batch
@@ -74,8 +74,10 @@ class ModelRunner:
         vocab_size: int,
         seed: int = 0,
         device: torch.device | str = "cpu",
+        invariant: bool = False,
     ) -> None:
         self.model = model
+        self.invariant = invariant
         self.block_size = block_size
         self.dtype = dtype
         self.device = torch.device(device)
@@ -89,13 +91,17 @@ class ModelRunner:
         self.kv_caches = [(self.k_all[i], self.v_all[i]) for i in range(cfg.num_layers)]
         self.compiled: CompiledDecoder | None = None
         self.num_compiled_steps = 0
+        # every token attends as a decode row (its own context up to itself) through the one
+        # native kernel: a token's attention is then the same whatever chunk, cache hit or
+        # batch it comes in (the invariant mode; ops/attention.py)
+        self.per_row_attention = invariant and self.device.type == "cpu" and per_row_attention_available()
         self.sampler = Sampler(vocab_size, torch.Generator().manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
 
     def compile_decode(self, row_counts: list[int]) -> bool:
         """Compile the decode step now (start-up) for batches of these sizes (and all sizes
         that share their graphs); False keeps every step eager."""
-        compiled = CompiledDecoder(self.model, self.block_size)
+        compiled = CompiledDecoder(self.model, self.block_size, invariant=self.invariant)
         if compiled.warm_up(self.k_all, self.v_all, self.scratch_block, self.dtype, row_counts):
             self.compiled = compiled
         return self.compiled is not None
@@ -241,10 +247,10 @@ class ModelRunner:
                 slot_parts.append(self._slots(seq, start, stop))
                 decode_tables.append(seq.block_table)
                 decode_lens.append(stop)
-            elif req.num_spec_tokens:
-                # speculative verification: one decode row per token, each seeing the context up
-                # to itself (its K/V is written before attention), so every position is computed
-                # as plain decoding computes it
+            elif req.num_spec_tokens or self.per_row_attention:
+                # speculative verification (and every prefill in the per-row mode): one decode row
+                # per token, each seeing the context up to itself (its K/V is written before
+                # attention), so every position is computed as plain decoding computes it
                 slot_parts.append(self._slots(seq, start, stop))
                 decode_tables.extend([seq.block_table] * req.num_new_tokens)
                 decode_lens.extend(range(start + 1, stop + 1))

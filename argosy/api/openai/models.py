@@ -48,6 +48,7 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "speculative_decoding": info.speculative,
             "weights": info.weights,
             "compiled_decode": info.compiled_decode,
+            "deterministic": info.deterministic,
         }
     return {
         "id": info.id,

@@ -1,0 +1,586 @@
+// Invariant quantized linear layers: the same bits for a row whatever else is in the batch.
+//
+// argosy_iq::q4_linear(x, codes, scales, mins, out_features, out_float32): GGUF Q4_0/Q4_1
+//   weights, w[n, k] = d[n, g] * q[n, k] + m[n, g] for the group g = k / 32 (the file's own
+//   codes, scales and minimums; Q4_0 is m = -8 d).
+// argosy_iq::q8_linear(x, codes, scales, out_features, out_float32): int8 per output channel,
+//   w[n, k] = s[n] * q[n, k] (the output head).
+//
+// The arithmetic, defined once and followed exactly by every path (scalar reference, AVX2 + FMA,
+// AVX-512 VNNI):
+//   1. Each row of x (bf16 or fp32) is quantized per group of 32 k, as llama.cpp's Q8_0:
+//      a = max |x|, dx = a / 127, xq = round-half-even(x * (127 / a)) in [-127, 127] (all 0 when
+//      a = 0); sq = the sum of xq, and sx = the fp32 sum of the group's x in k order. One scalar
+//      routine does it for every path, so the paths cannot differ here; it depends on the row alone.
+//   2. Per row, output and group: the integer dot product of xq with the codes (exact: int32);
+//      Q4 centres its codes, dot - 8 * sq = xq . (q - 8) (the error of quantizing x then scales
+//      with the centred weights, about half of it with Q4_1's uncentred ones).
+//   3. Per row and output, the groups in k order, in fp32 with fused multiply-adds:
+//        Q4: acc = fma(d * dx, float(dot - 8 sq), acc); acc = fma(fma(8, d, m), sx, acc)
+//            (d q + m = d (q - 8) + (m + 8 d); Q4_0's m + 8 d is 0)
+//        Q8: acc = fma(dx, float(dot), acc); out = acc * s at the end
+//      then rounded to bf16 (round-half-even) unless out_float32.
+// Nothing is summed across threads or across k blocks in a different order: threads split the
+// outputs (tiles of 16), never k; rows are blocked for speed, but each output element is the
+// same chain of operations for any number of rows. So a token's logits are bit-identical
+// whatever batch it runs in and however its prompt was split, on every path of this file.
+//
+// Layouts (built by argosy/ops/quantized_linear.py), 16 outputs to a tile t:
+//   Q4 codes uint8 [N/16, K/32, 4, 16, 4]: [t, g, c, i, b] = q[16t+i, 32g+8c+b] | q[16t+i, 32g+8c+4+b] << 4
+//   Q4 scales, mins float16 [N/16, K/32, 16] (the file's own fp16 values)
+//   Q8 codes int8 [N/16, K/4, 16, 4]: [t, j, i, b] = q[16t+i, 4j+b]
+//   Q8 wsum int32 [N/16, K/32, 16]: the sum of a group's codes (VNNI multiplies unsigned by
+//     signed bytes: x goes in biased by 128, and 128 * wsum comes off again)
+//   Q8 scales float32 [N]
+// so one 64-byte load holds 4 consecutive k of 16 outputs: the byte dot-product instructions
+// (vpdpbusd; vpmaddubsw + vpmaddwd on AVX2) sum them per 32-bit lane, one lane per output.
+//
+// Built without -ffast-math and with -ffp-contract=off (argosy/ops/native.py): the compiler may
+// not reorder or fuse the float operations above. Paths are chosen at run time by CPU features.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kTile = 16;
+constexpr int64_t kGroup = 32;
+
+enum Path : int64_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
+
+bool has_avx2() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+bool has_avx512() {
+  static const bool ok = has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  return ok;
+}
+
+std::atomic<int64_t> forced_path{kAuto};
+
+int64_t best_path() { return has_avx512() ? kAvx512 : has_avx2() ? kAvx2 : kScalar; }
+
+int64_t current_path() {
+  const int64_t forced = forced_path.load();
+  return forced == kAuto ? best_path() : forced;
+}
+
+const char* path_name(int64_t path) {
+  switch (path) {
+    case kAvx512: return "avx512-vnni";
+    case kAvx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+// -- 1. the rows, quantized (one routine for every path) --------------------------------------
+
+struct QuantizedRows {
+  std::vector<int8_t> q;    // [M, K]
+  std::vector<float> dx;    // [M, G]
+  std::vector<float> sx;    // [M, G]
+  std::vector<int32_t> sq;  // [M, G]
+};
+
+inline float bf16_to_float(uint16_t bits) {
+  uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round half to even; NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float half_to_float(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
+
+QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups) {
+  const int64_t rows = x.size(0), k = groups * kGroup;
+  QuantizedRows out;
+  out.q.resize(static_cast<size_t>(rows * k));
+  out.dx.resize(static_cast<size_t>(rows * groups));
+  out.sx.resize(static_cast<size_t>(rows * groups));
+  out.sq.resize(static_cast<size_t>(rows * groups));
+  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
+  const uint16_t* xb = is_bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
+  const float* xf = is_bf16 ? nullptr : x.data_ptr<float>();
+  at::parallel_for(0, rows * groups, 64, [&](int64_t begin, int64_t end) {
+    float v[kGroup];
+    for (int64_t rg = begin; rg < end; ++rg) {
+      const int64_t offset = rg * kGroup;  // rows are contiguous: row r, group g is r * G + g
+      float amax = 0.0f, sum = 0.0f;
+      for (int64_t i = 0; i < kGroup; ++i) {
+        v[i] = is_bf16 ? bf16_to_float(xb[offset + i]) : xf[offset + i];
+        amax = std::max(amax, std::fabs(v[i]));
+        sum = sum + v[i];
+      }
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t qsum = 0;
+      for (int64_t i = 0; i < kGroup; ++i) {
+        const float scaled = std::nearbyint(v[i] * inv);  // the default rounding: half to even
+        out.q[offset + i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, scaled)));
+        qsum += out.q[offset + i];
+      }
+      out.sq[rg] = qsum;
+      out.dx[rg] = amax / 127.0f;
+      out.sx[rg] = sum;
+    }
+  });
+  return out;
+}
+
+// -- the output: fp32 or bf16 ------------------------------------------------------------------
+
+struct Output {
+  float* f = nullptr;
+  uint16_t* b = nullptr;
+  int64_t ld = 0;
+  void put(int64_t row, int64_t col, const float* values, int64_t count) const {
+    if (f != nullptr) {
+      std::memcpy(f + row * ld + col, values, static_cast<size_t>(count) * 4);
+    } else {
+      for (int64_t i = 0; i < count; ++i) b[row * ld + col + i] = float_to_bf16(values[i]);
+    }
+  }
+};
+
+// -- 2 and 3, scalar: the reference ----------------------------------------------------------
+
+void q4_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const uint8_t* codes, const uint16_t* scales,
+               const uint16_t* mins, int64_t t0, int64_t t1, const Output& out) {
+  const int64_t k = groups * kGroup;
+  float acc[kTile];
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int8_t* xq = xr.q.data() + r * k;
+      std::fill(acc, acc + kTile, 0.0f);
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* block = codes + (t * groups + g) * 256;
+        for (int64_t i = 0; i < kTile; ++i) {
+          int32_t dot = 0;
+          for (int64_t c = 0; c < 4; ++c)
+            for (int64_t b = 0; b < 4; ++b) {
+              const uint8_t byte = block[c * 64 + i * 4 + b];
+              dot += static_cast<int32_t>(byte & 0x0f) * xq[g * kGroup + 8 * c + b];
+              dot += static_cast<int32_t>(byte >> 4) * xq[g * kGroup + 8 * c + 4 + b];
+            }
+          const float d = half_to_float(scales[(t * groups + g) * kTile + i]);
+          const float m = half_to_float(mins[(t * groups + g) * kTile + i]);
+          const float dd = d * xr.dx[r * groups + g];
+          const int32_t centred = dot - 8 * xr.sq[r * groups + g];
+          acc[i] = std::fma(dd, static_cast<float>(centred), acc[i]);
+          acc[i] = std::fma(std::fma(8.0f, d, m), xr.sx[r * groups + g], acc[i]);
+        }
+      }
+      out.put(r, t * kTile, acc, kTile);
+    }
+  }
+}
+
+void q8_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const int8_t* codes, const float* scales,
+               int64_t t0, int64_t t1, const Output& out) {
+  const int64_t k = groups * kGroup;
+  float acc[kTile];
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int8_t* xq = xr.q.data() + r * k;
+      std::fill(acc, acc + kTile, 0.0f);
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t i = 0; i < kTile; ++i) {
+          int32_t dot = 0;
+          for (int64_t j = 8 * g; j < 8 * g + 8; ++j)
+            for (int64_t b = 0; b < 4; ++b) dot += static_cast<int32_t>(codes[((t * (k / 4) + j) * kTile + i) * 4 + b]) * xq[4 * j + b];
+          acc[i] = std::fma(xr.dx[r * groups + g], static_cast<float>(dot), acc[i]);
+        }
+      }
+      for (int64_t i = 0; i < kTile; ++i) acc[i] = acc[i] * scales[t * kTile + i];
+      out.put(r, t * kTile, acc, kTile);
+    }
+  }
+}
+
+// -- AVX2 + FMA: 8 outputs a vector, a tile is two --------------------------------------------
+
+#define ARGOSY_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+ARGOSY_AVX2 inline __m256i avx2_dot4(__m256i u8, __m256i s8) {  // per lane: 4 u8 x s8, |sum| < 2^15 each pair
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1));
+}
+
+template <int R>
+ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, const float* sx, const int32_t* sq,
+                              int64_t groups,
+                              const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, float* res) {
+  // res: R rows x 16 outputs
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0f);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = codes + g * 256;
+    __m256i dot[R][2];
+    for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64 + h * 32));
+        const __m256i lo = _mm256_and_si256(w, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+        for (int r = 0; r < R; ++r) {
+          int32_t xl, xh;
+          std::memcpy(&xl, xq + r * k + g * kGroup + 8 * c, 4);
+          std::memcpy(&xh, xq + r * k + g * kGroup + 8 * c + 4, 4);
+          dot[r][h] = _mm256_add_epi32(dot[r][h], avx2_dot4(lo, _mm256_set1_epi32(xl)));
+          dot[r][h] = _mm256_add_epi32(dot[r][h], avx2_dot4(hi, _mm256_set1_epi32(xh)));
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + g * kTile + 8 * h)));
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + g * kTile + 8 * h)));
+      const __m256 c = _mm256_fmadd_ps(_mm256_set1_ps(8.0f), d, m);
+      for (int r = 0; r < R; ++r) {
+        const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+        const __m256i centred = _mm256_sub_epi32(dot[r][h], _mm256_set1_epi32(8 * sq[r * groups + g]));
+        acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(centred), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(c, _mm256_set1_ps(sx[r * groups + g]), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(res + r * kTile, acc[r][0]);
+    _mm256_storeu_ps(res + r * kTile + 8, acc[r][1]);
+  }
+}
+
+template <int R>
+ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, int64_t groups, const int8_t* codes,
+                              const float* scales, float* res) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i dot[R][2];
+    for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+    for (int64_t j = 8 * g; j < 8 * g + 8; ++j) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64 + h * 32));
+        for (int r = 0; r < R; ++r) {
+          int32_t xv;
+          std::memcpy(&xv, xq + r * k + 4 * j, 4);
+          const __m256i xs = _mm256_set1_epi32(xv);
+          // |x| unsigned, x's sign moved onto w: products and pair sums stay within int16
+          dot[r][h] = _mm256_add_epi32(dot[r][h], avx2_dot4(_mm256_abs_epi8(xs), _mm256_sign_epi8(w, xs)));
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h)
+      for (int r = 0; r < R; ++r)
+        acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r * groups + g]), _mm256_cvtepi32_ps(dot[r][h]), acc[r][h]);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(res + r * kTile + 8 * h, _mm256_mul_ps(acc[r][h], _mm256_loadu_ps(scales + 8 * h)));
+}
+
+// -- AVX-512 VNNI: 16 outputs a vector ---------------------------------------------------------
+
+#define ARGOSY_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+// R rows x T tiles at once (T tiles are consecutive in the layout)
+template <int R, int T>
+ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, int64_t k, const float* dx, const float* sx, const int32_t* sq,
+                                   int64_t groups,
+                                   const uint8_t* codes, const uint16_t* scales, const uint16_t* mins,
+                                   float* res) {  // res: R rows x T*16 outputs
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  const int64_t tile_bytes = groups * 256, tile_scales = groups * kTile;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i dot[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) dot[r][t] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      __m512i xl[R], xh[R];
+      for (int r = 0; r < R; ++r) {
+        int32_t a, b;
+        std::memcpy(&a, xq + r * k + g * kGroup + 8 * c, 4);
+        std::memcpy(&b, xq + r * k + g * kGroup + 8 * c + 4, 4);
+        xl[r] = _mm512_set1_epi32(a);
+        xh[r] = _mm512_set1_epi32(b);
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m512i w = _mm512_loadu_si512(codes + t * tile_bytes + g * 256 + c * 64);
+        const __m512i lo = _mm512_and_si512(w, low);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+        for (int r = 0; r < R; ++r) {
+          dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], lo, xl[r]);
+          dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], hi, xh[r]);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m512 d =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + t * tile_scales + g * kTile)));
+      const __m512 m =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mins + t * tile_scales + g * kTile)));
+      const __m512 c = _mm512_fmadd_ps(_mm512_set1_ps(8.0f), d, m);
+      for (int r = 0; r < R; ++r) {
+        const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g]));
+        const __m512i centred = _mm512_sub_epi32(dot[r][t], _mm512_set1_epi32(8 * sq[r * groups + g]));
+        acc[r][t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(centred), acc[r][t]);
+        acc[r][t] = _mm512_fmadd_ps(c, _mm512_set1_ps(sx[r * groups + g]), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(res + (r * T + t) * kTile, acc[r][t]);
+}
+
+template <int R, int T>
+ARGOSY_AVX512 void q8_avx512_block(const uint8_t* xu, int64_t k, const float* dx, int64_t groups,
+                                   const int8_t* codes, const int32_t* wsum, const float* scales, float* res) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const int64_t tile_bytes = k * kTile, tile_sums = groups * kTile;
+  const __m512i bias = _mm512_set1_epi32(128);
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i dot[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) dot[r][t] = _mm512_setzero_si512();
+    for (int64_t j = 8 * g; j < 8 * g + 8; ++j) {
+      __m512i xs[R];
+      for (int r = 0; r < R; ++r) {
+        int32_t a;
+        std::memcpy(&a, xu + r * k + 4 * j, 4);
+        xs[r] = _mm512_set1_epi32(a);
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m512i w = _mm512_loadu_si512(codes + t * tile_bytes + j * 64);
+        for (int r = 0; r < R; ++r) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], xs[r], w);
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      // (x + 128) . w - 128 * sum(w) = x . w, exactly
+      const __m512i correction = _mm512_mullo_epi32(_mm512_loadu_si512(wsum + t * tile_sums + g * kTile), bias);
+      for (int r = 0; r < R; ++r) {
+        const __m512 dot_f = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][t], correction));
+        acc[r][t] = _mm512_fmadd_ps(_mm512_set1_ps(dx[r * groups + g]), dot_f, acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      _mm512_storeu_ps(res + (r * T + t) * kTile, _mm512_mul_ps(acc[r][t], _mm512_loadu_ps(scales + t * kTile)));
+}
+
+// -- driving: tiles split among threads, rows in blocks ---------------------------------------
+
+constexpr int kRowBlock = 4;  // rows a block (AVX-512: with 2 tiles; AVX2: 1 tile)
+
+template <typename Block>
+void for_tile_blocks(int64_t tiles, int64_t tiles_per_block, Block&& block) {
+  const int64_t blocks = (tiles + tiles_per_block - 1) / tiles_per_block;
+  const int64_t grain = std::max<int64_t>(1, blocks / (4 * at::get_num_threads()));
+  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) block(b * tiles_per_block, std::min(tiles, (b + 1) * tiles_per_block));
+  });
+}
+
+// rows in blocks of kRowBlock, the rest one size smaller at a time: run(first_row, constant)
+template <typename Run>
+inline void for_row_blocks(int64_t rows, Run&& run) {
+  int64_t r = 0;
+  for (; r + kRowBlock <= rows; r += kRowBlock) run(r, std::integral_constant<int, kRowBlock>{});
+  for (; r + 2 <= rows; r += 2) run(r, std::integral_constant<int, 2>{});
+  if (r < rows) run(r, std::integral_constant<int, 1>{});
+}
+
+Output make_output(at::Tensor& out) {
+  Output o;
+  o.ld = out.size(1);
+  if (out.scalar_type() == at::kFloat)
+    o.f = out.data_ptr<float>();
+  else
+    o.b = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  return o;
+}
+
+void check_x(const at::Tensor& x, int64_t k, const char* op) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() &&
+                  (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
+              op, ": x must be a contiguous [rows, in_features] bfloat16 or float32 tensor");
+  TORCH_CHECK(x.size(1) == k, op, ": x has ", x.size(1), " features, the weight ", k);
+}
+
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                     int64_t out_features, bool out_float32) {
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 5 && codes.size(2) == 4 && codes.size(3) == 16 &&
+                  codes.size(4) == 4 && codes.is_contiguous(),
+              "q4_linear: codes must be contiguous uint8 [N/16, K/32, 4, 16, 4]");
+  const int64_t tiles = codes.size(0), groups = codes.size(1), k = groups * kGroup;
+  TORCH_CHECK(tiles * kTile == out_features, "q4_linear: codes hold ", tiles * kTile, " outputs, not ", out_features);
+  for (const auto* t : {&scales, &mins})
+    TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->dim() == 3 && t->size(0) == tiles &&
+                    t->size(1) == groups && t->size(2) == kTile,
+                "q4_linear: scales and mins must be contiguous float16 [N/16, K/32, 16]");
+  check_x(x, k, "q4_linear");
+  const int64_t rows = x.size(0);
+  auto out = at::empty({rows, out_features}, x.options().dtype(out_float32 ? at::kFloat : x.scalar_type()));
+  if (rows == 0) return out;
+  const QuantizedRows xr = quantize_rows(x, groups);
+  const Output o = make_output(out);
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
+  const uint16_t* mp = reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>());
+  const int64_t path = current_path();
+  if (path == kScalar) {
+    for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { q4_scalar(xr, rows, groups, cp, sp, mp, t0, t1, o); });
+    return out;
+  }
+  const int64_t tiles_per_block = (path == kAvx512 && tiles % 2 == 0) ? 2 : 1;
+  for_tile_blocks(tiles, tiles_per_block, [&](int64_t t0, int64_t t1) {
+    float res[kRowBlock * 2 * kTile];
+    const int64_t width = (t1 - t0) * kTile;
+    for_row_blocks(rows, [&](int64_t r0, auto rows_constant) {
+      constexpr int R = decltype(rows_constant)::value;
+      const int8_t* xq = xr.q.data() + r0 * k;
+      const float* dx = xr.dx.data() + r0 * groups;
+      const float* sx = xr.sx.data() + r0 * groups;
+      const int32_t* sq = xr.sq.data() + r0 * groups;
+      const uint8_t* c = cp + t0 * groups * 256;
+      const uint16_t* s = sp + t0 * groups * kTile;
+      const uint16_t* m = mp + t0 * groups * kTile;
+      if (path == kAvx512 && t1 - t0 == 2)
+        q4_avx512_block<R, 2>(xq, k, dx, sx, sq, groups, c, s, m, res);
+      else if (path == kAvx512)
+        q4_avx512_block<R, 1>(xq, k, dx, sx, sq, groups, c, s, m, res);
+      else
+        q4_avx2_rows<R>(xq, k, dx, sx, sq, groups, c, s, m, res);
+      for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
+    });
+  });
+  return out;
+}
+
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& wsum, const at::Tensor& scales,
+                     int64_t out_features, bool out_float32) {
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 4 &&
+                  codes.is_contiguous(),
+              "q8_linear: codes must be contiguous int8 [N/16, K/4, 16, 4]");
+  const int64_t tiles = codes.size(0), k = codes.size(1) * 4;
+  TORCH_CHECK(k % kGroup == 0, "q8_linear: in_features must be a multiple of 32");
+  const int64_t groups = k / kGroup;
+  TORCH_CHECK(tiles * kTile == out_features, "q8_linear: codes hold ", tiles * kTile, " outputs, not ", out_features);
+  TORCH_CHECK(wsum.scalar_type() == at::kInt && wsum.is_contiguous() && wsum.dim() == 3 && wsum.size(0) == tiles &&
+                  wsum.size(1) == groups && wsum.size(2) == kTile,
+              "q8_linear: wsum must be contiguous int32 [N/16, K/32, 16]");
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == out_features,
+              "q8_linear: scales must be contiguous float32 [N]");
+  check_x(x, k, "q8_linear");
+  const int64_t rows = x.size(0);
+  auto out = at::empty({rows, out_features}, x.options().dtype(out_float32 ? at::kFloat : x.scalar_type()));
+  if (rows == 0) return out;
+  const QuantizedRows xr = quantize_rows(x, groups);
+  const Output o = make_output(out);
+  const int8_t* cp = codes.data_ptr<int8_t>();
+  const int32_t* wp = wsum.data_ptr<int32_t>();
+  const float* sp = scales.data_ptr<float>();
+  const int64_t path = current_path();
+  if (path == kScalar) {
+    for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { q8_scalar(xr, rows, groups, cp, sp, t0, t1, o); });
+    return out;
+  }
+  std::vector<uint8_t> biased;
+  if (path == kAvx512) {
+    biased.resize(xr.q.size());
+    for (size_t i = 0; i < biased.size(); ++i) biased[i] = static_cast<uint8_t>(xr.q[i] ^ 0x80);  // x + 128
+  }
+  const int64_t tiles_per_block = (path == kAvx512 && tiles % 2 == 0) ? 2 : 1;
+  for_tile_blocks(tiles, tiles_per_block, [&](int64_t t0, int64_t t1) {
+    float res[kRowBlock * 2 * kTile];
+    const int64_t width = (t1 - t0) * kTile;
+    for_row_blocks(rows, [&](int64_t r0, auto rows_constant) {
+      constexpr int R = decltype(rows_constant)::value;
+      const float* dx = xr.dx.data() + r0 * groups;
+      const int8_t* c = cp + t0 * k * kTile;
+      const float* s = sp + t0 * kTile;
+      if (path == kAvx512) {
+        const uint8_t* xu = biased.data() + r0 * k;
+        const int32_t* w = wp + t0 * groups * kTile;
+        if (t1 - t0 == 2)
+          q8_avx512_block<R, 2>(xu, k, dx, groups, c, w, s, res);
+        else
+          q8_avx512_block<R, 1>(xu, k, dx, groups, c, w, s, res);
+      } else {
+        q8_avx2_rows<R>(xr.q.data() + r0 * k, k, dx, groups, c, s, res);
+      }
+      for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
+    });
+  });
+  return out;
+}
+
+// the path the next calls take: "auto" (the best this CPU has), "scalar", "avx2", "avx512-vnni";
+// returns the one in force. A path the CPU lacks is refused.
+std::string set_path(const std::string& name) {
+  int64_t path = kAuto;
+  if (name == "scalar") path = kScalar;
+  else if (name == "avx2") path = kAvx2;
+  else if (name == "avx512-vnni") path = kAvx512;
+  else TORCH_CHECK(name == "auto", "set_path: unknown path ", name);
+  TORCH_CHECK(path != kAvx2 || has_avx2(), "set_path: this CPU has no AVX2 + FMA + F16C");
+  TORCH_CHECK(path != kAvx512 || has_avx512(), "set_path: this CPU has no AVX-512 VNNI");
+  forced_path.store(path);
+  return path_name(current_path());
+}
+
+std::vector<std::string> paths() {
+  std::vector<std::string> names{"scalar"};
+  if (has_avx2()) names.emplace_back("avx2");
+  if (has_avx512()) names.emplace_back("avx512-vnni");
+  return names;
+}
+
+std::string path() { return path_name(current_path()); }
+
+}  // namespace
+
+TORCH_LIBRARY(argosy_iq, m) {
+  m.def("q4_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int out_features, bool out_float32) -> Tensor");
+  m.def("q8_linear(Tensor x, Tensor codes, Tensor wsum, Tensor scales, int out_features, bool out_float32) -> Tensor");
+  m.def("set_path(str name) -> str");
+  m.def("paths() -> str[]");
+  m.def("path() -> str");
+}
+
+TORCH_LIBRARY_IMPL(argosy_iq, CompositeExplicitAutograd, m) {
+  m.impl("set_path", &set_path);
+  m.impl("paths", &paths);
+  m.impl("path", &path);
+}
+
+TORCH_LIBRARY_IMPL(argosy_iq, CPU, m) {
+  m.impl("q4_linear", &q4_linear);
+  m.impl("q8_linear", &q8_linear);
+}

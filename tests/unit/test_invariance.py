@@ -1,0 +1,135 @@
+"""--numerics invariant on the real SmolLM2 (int4, eager steps): a request's tokens and
+logprobs (top 5 included, compared as floats, so bit for bit) are the same solo, in batches
+with random neighbours, decoding beside another prompt's chunked prefill, with the prompt
+prefilled in chunks of 16, 64 or 512 tokens, and after a prefix-cache hit; a seeded sampled
+request too. The compiled decode step is held to the same by bench/batch_flips.py
+(--numerics invariant: 0 of 100 prompts differ)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from argosy.config import EngineConfig
+from argosy.engine.llm_engine import LLMEngine
+from argosy.ops.native import load_invariant_ops
+from argosy.sampling_params import SamplingParams
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not load_invariant_ops(), reason="the invariant kernels need a C++ compiler"),
+]
+
+PROMPT = (
+    "Write a short story about the ocean and the moon, with a robot who loves bread and music in "
+    "the rain at night, in three paragraphs."
+)
+WORDS = ["rain", "bread", "a city", "mountains", "music", "the sea", "robots", "night"]
+Result = tuple[list[int], list[tuple[float, list[tuple[int, float]]]]]
+_ids = itertools.count()
+
+
+def engine(**overrides: object) -> LLMEngine:
+    config = {"model": "smollm2", "numerics": "invariant", "compile": "off", "kv_cache_memory": 1 << 27}
+    return LLMEngine(EngineConfig(**(config | overrides)))  # type: ignore[arg-type]
+
+
+def params(seed: int | None = None) -> SamplingParams:
+    temperature = 0.0 if seed is None else 0.9
+    return SamplingParams(
+        max_tokens=12, temperature=temperature, seed=seed, ignore_eos=True, logprobs=5, detokenize=False
+    )
+
+
+def generate(llm: LLMEngine, prompts: list[list[int]], seed: int | None = None) -> list[Result]:
+    """Every prompt at once; the first one's result (and the others')."""
+    names = [f"r{next(_ids)}" for _ in prompts]
+    for name, prompt in zip(names, prompts, strict=True):
+        llm.add_request(name, prompt, params(seed))
+    results: dict[str, Result] = {name: ([], []) for name in names}
+    while llm.has_unfinished():
+        for out in llm.step():
+            tokens, logprobs = results[out.request_id]
+            tokens.extend(out.new_token_ids)
+            logprobs.extend((lp.logprob, lp.top) for lp in out.new_logprobs or [])
+    return [results[name] for name in names]
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLMEngine:
+    return engine()
+
+
+@pytest.fixture(scope="module")
+def prompt(llm: LLMEngine) -> list[int]:
+    return llm.encode(PROMPT)
+
+
+@pytest.fixture(scope="module")
+def solo(llm: LLMEngine, prompt: list[int]) -> Result:
+    return generate(llm, [prompt])[0]
+
+
+def neighbours(llm: LLMEngine, count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [
+        llm.encode(" ".join(rng.choice(WORDS) for _ in range(rng.randrange(2, 60)))) for _ in range(count)
+    ]
+
+
+def test_a_prefix_cache_hit_gives_the_same_tokens_and_logprobs(
+    llm: LLMEngine, prompt: list[int], solo: Result
+) -> None:
+    before = llm.stats().prefix_cache_hits
+    assert generate(llm, [prompt])[0] == solo
+    assert llm.stats().prefix_cache_hits > before  # it was a hit
+
+
+@pytest.mark.parametrize("size", [2, 3, 8, 16])
+def test_any_batch_gives_the_same_tokens_and_logprobs(
+    llm: LLMEngine, prompt: list[int], solo: Result, size: int
+) -> None:
+    others = neighbours(llm, size - 1, seed=size)
+    assert generate(llm, [prompt, *others])[0] == solo
+    assert generate(llm, [*others, prompt])[-1] == solo  # its place in the batch does not matter
+
+
+def test_decoding_beside_a_chunked_prefill_changes_nothing(
+    llm: LLMEngine, prompt: list[int], solo: Result
+) -> None:
+    long = llm.encode(" ".join(["the history of the printing press"] * 300))  # > one step's budget
+    llm.add_request("p", prompt, params())
+    tokens: list[int] = []
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = []
+    added = False
+    while llm.has_unfinished():
+        for out in llm.step():
+            if out.request_id == "p":
+                tokens.extend(out.new_token_ids)
+                logprobs.extend((lp.logprob, lp.top) for lp in out.new_logprobs or [])
+        if not added:  # after the prompt's own prefill: its decode steps share the long prefill's
+            llm.add_request("long", long, SamplingParams(max_tokens=2, detokenize=False))
+            added = True
+    assert (tokens, logprobs) == solo
+
+
+@pytest.mark.parametrize("budget", [16, 64, 512])
+def test_prefill_chunking_changes_nothing(prompt: list[int], solo: Result, budget: int) -> None:
+    chunked = engine(max_num_batched_tokens=budget, enable_prefix_caching=False)
+    assert generate(chunked, [prompt])[0] == solo
+
+
+def test_a_seeded_sample_is_the_same_alone_and_in_a_batch(llm: LLMEngine, prompt: list[int]) -> None:
+    alone = generate(llm, [prompt], seed=7)[0]
+    assert generate(llm, [prompt, *neighbours(llm, 7, seed=1)], seed=7)[0] == alone
+    assert generate(llm, [prompt], seed=7)[0] == alone  # a cache hit now
+    assert generate(llm, [prompt], seed=8)[0] != alone
+
+
+def test_the_mode_is_described(llm: LLMEngine) -> None:
+    description = llm.describe()
+    assert description.deterministic
+    assert description.kernels.startswith("native+invariant-")
+    assert "invariant kernels" in llm.weights
