@@ -162,6 +162,15 @@ SERVERS: dict[str, ServerSpec] = {
         workloads=("single",),
         note="Argosy with --quantization none (bf16 weights, compiled); single-stream decode only",
     ),
+    "argosy-invariant": ServerSpec(
+        name="argosy-invariant",
+        label="Argosy, --numerics invariant",
+        build=None,
+        command=_argosy_command(["--numerics", "invariant"]),
+        request_model=lambda model: model.name,
+        request_overrides=_ignore_eos,
+        note="Argosy with --numerics invariant (bit-identical tokens whatever the batch, chunking or cache)",
+    ),
     "argosy-noprefix": ServerSpec(
         name="argosy-noprefix",
         label="Argosy, no prefix cache",

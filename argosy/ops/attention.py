@@ -20,9 +20,9 @@ from argosy.ops.native import load_native_ops
 
 
 def per_row_attention_available() -> bool:
-    """True when the native paged attention (csrc/paged_decode.cpp) serves every row: each
-    token over its own visible positions, one (row, KV head) at a time, in an order that
-    depends on nothing else in the step."""
+    """True when the native paged attention serves decode rows (csrc/paged_decode.cpp; in the
+    invariant mode csrc/iq_linear.cpp's, which serves every row: each token over its own
+    visible positions in an order that depends on nothing else in the step)."""
     return load_native_ops()
 
 
@@ -107,6 +107,7 @@ class AttentionMetadata:
     decode_max_context: int = 0  # max_blocks * block_size
     block_size: int = 16
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, max_context] bool: attend
+    invariant: bool = False  # decode rows through the invariant kernel (--numerics invariant)
     prefills: list[PrefillChunk] = field(default_factory=list)
     context_batch: ContextBatch | None = None  # all prefill chunks as one padded batch
 
@@ -125,6 +126,7 @@ class AttentionMetadata:
             decode_max_context=self.decode_max_context,
             block_size=self.block_size,
             decode_mask=move(self.decode_mask),
+            invariant=self.invariant,
             context_batch=None if self.context_batch is None else self.context_batch.to(device),
             prefills=[
                 PrefillChunk(c.token_start, c.num_query_tokens, c.context_len, c.context_slots.to(device))
@@ -183,7 +185,8 @@ class CpuPagedAttention:
         assert meta.decode_block_ids is not None and meta.decode_mask is not None
         if per_row_attention_available():  # the compiled decode step's kernel, so eager steps match it
             rows = meta.num_decodes
-            out = torch.ops.argosy_ext.paged_decode(
+            op = torch.ops.argosy_iq.attention if meta.invariant else torch.ops.argosy_ext.paged_decode
+            out = op(
                 q,
                 k_cache.index_select(0, meta.slot_mapping[:rows]),
                 v_cache.index_select(0, meta.slot_mapping[:rows]),

@@ -117,6 +117,10 @@ def _register_invariant_fakes() -> None:
     def _(x, codes, scales, mins, out_features, out_float32):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
 
+    @torch.library.register_fake("argosy_iq::attention")
+    def _(q, k, v, k_cache, v_cache, slots, block_ids, mask, block_size):  # type: ignore[no-untyped-def]
+        return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+
     @torch.library.register_fake("argosy_iq::q8_linear")
     def _(x, codes, wsum, scales, out_features, out_float32):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))

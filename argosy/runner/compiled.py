@@ -72,14 +72,20 @@ def _(q, k, v, k_cache, v_cache, slots, block_ids, mask, block_size):  # type: i
 class DecodeGraph(nn.Module):
     """The whole decode forward (embeddings to logits) as one traceable function."""
 
-    def __init__(self, model: DecoderForCausalLM, block_size: int, native: bool) -> None:
+    def __init__(
+        self, model: DecoderForCausalLM, block_size: int, native: bool, invariant: bool = False
+    ) -> None:
         super().__init__()
         self.model = model
         self.block_size = block_size
-        # the C++ op (argosy/ops/csrc/paged_decode.cpp) when it built, else the Python one
-        self.attention = (
-            torch.ops.argosy_ext.paged_decode if native else torch.ops.argosy.paged_decode_attention
-        )
+        # the invariant mode's kernel (csrc/iq_linear.cpp: the same for every row, prefill rows
+        # included); else the C++ op (csrc/paged_decode.cpp) when it built, else the Python one
+        if invariant:
+            self.attention = torch.ops.argosy_iq.attention
+        else:
+            self.attention = (
+                torch.ops.argosy_ext.paged_decode if native else torch.ops.argosy.paged_decode_attention
+            )
 
     def forward(
         self,
@@ -111,7 +117,7 @@ class CompiledDecoder:
     ) -> None:
         self.block_size = block_size
         self.native = load_native_ops() if native is None else native
-        self.graph = DecodeGraph(model, block_size, self.native).eval()
+        self.graph = DecodeGraph(model, block_size, self.native, invariant).eval()
         # compile in this process: a pool of compile workers would add ~1 GB to the server's
         # peak memory for a one-off start-up cost
         torch._inductor.config.compile_threads = 1

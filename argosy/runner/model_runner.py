@@ -260,7 +260,7 @@ class ModelRunner:
                 prefills.append(PrefillChunk(token_start, req.num_new_tokens, stop, context_slots))
         positions = torch.tensor(pos, dtype=torch.long)
         cos, sin = self.model.rope(positions, self.dtype)
-        meta = AttentionMetadata(torch.cat(slot_parts), cos, sin, prefills=prefills)
+        meta = AttentionMetadata(torch.cat(slot_parts), cos, sin, prefills=prefills, invariant=self.invariant)
         if ContextBatch.worth_it(prefills):
             meta.context_batch = ContextBatch.build(prefills)
         if decode_tables:

@@ -127,3 +127,79 @@ def test_paths_are_named_and_a_missing_one_is_refused(paths: list[str]) -> None:
     assert torch.ops.argosy_iq.set_path("auto") == paths[-1]
     with pytest.raises(RuntimeError, match="unknown path"):
         torch.ops.argosy_iq.set_path("neon")
+
+
+# -- attention ----------------------------------------------------------------------------------
+
+BLOCK = 16
+
+
+def attention_case(seed: int, dim: int = 64, heads: int = 9, kv_heads: int = 3):  # type: ignore[no-untyped-def]
+    """Two sequences in shuffled cache blocks: a prefill chunk of the first (positions 5..41,
+    each row seeing up to itself) and a decode row of each."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = 12
+    k_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=gen).bfloat16()
+    v_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=gen).bfloat16()
+    order = torch.randperm(num_blocks, generator=gen)
+    tables = [order[:3], order[3:8]]  # 48 and 80 positions of room
+    rows = [(0, p) for p in range(5, 42)] + [(0, 47), (1, 70)]  # (sequence, position)
+    max_blocks = max(len(t) for t in tables)
+    block_ids = torch.zeros(len(rows), max_blocks, dtype=torch.long)
+    mask = torch.zeros(len(rows), 1, 1, max_blocks * BLOCK, dtype=torch.bool)
+    slots = torch.empty(len(rows), dtype=torch.long)
+    for i, (s, p) in enumerate(rows):
+        block_ids[i, : len(tables[s])] = tables[s]
+        mask[i, 0, 0, : p + 1] = True
+        slots[i] = tables[s][p // BLOCK] * BLOCK + p % BLOCK
+    q = torch.randn(len(rows), heads, dim, generator=gen).bfloat16()
+    k = torch.randn(len(rows), kv_heads, dim, generator=gen).bfloat16()
+    v = torch.randn(len(rows), kv_heads, dim, generator=gen).bfloat16()
+    return q, k, v, k_cache, v_cache, slots, block_ids.view(-1), mask
+
+
+def attend(case, rows: slice | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    q, k, v, k_cache, v_cache, slots, block_ids, mask = case
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    k_cache[slots], v_cache[slots] = k, v  # every row's K/V in place, as a whole step writes them
+    if rows is not None:
+        max_blocks = block_ids.numel() // q.shape[0]
+        q, k, v, slots, mask = q[rows], k[rows], v[rows], slots[rows], mask[rows]
+        block_ids = block_ids.view(-1, max_blocks)[rows].reshape(-1)
+    return torch.ops.argosy_iq.attention(
+        q, k, v, k_cache.clone(), v_cache.clone(), slots, block_ids, mask, BLOCK
+    )
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_attention_every_path_gives_the_reference_bits_and_rows_do_not_depend_on_each_other(
+    paths: list[str], dim: int
+) -> None:
+    case = attention_case(seed=dim, dim=dim)
+    torch.ops.argosy_iq.set_path("scalar")
+    reference = attend(case)
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        assert torch.equal(bits(attend(case)), bits(reference)), path
+        alone = torch.cat([attend(case, slice(i, i + 1)) for i in range(reference.shape[0])])
+        assert torch.equal(bits(alone), bits(reference)), path
+        assert torch.equal(bits(attend(case, slice(3, 20))), bits(reference[3:20])), path
+
+
+def test_attention_is_softmax_attention_over_each_rows_visible_positions() -> None:
+    q, k, v, k_cache, v_cache, slots, block_ids, mask = case = attention_case(seed=5)
+    got = attend(case).double()
+    k_all, v_all = k_cache.clone(), v_cache.clone()
+    k_all[slots], v_all[slots] = k, v
+    max_blocks = block_ids.numel() // q.shape[0]
+    heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+    for i in range(q.shape[0]):
+        n = int(mask[i].sum())
+        table = block_ids.view(-1, max_blocks)[i]
+        positions = torch.arange(n)
+        where = table[positions // BLOCK] * BLOCK + positions % BLOCK
+        keys = k_all[where].double().repeat_interleave(heads // kv_heads, dim=1)  # [n, H, D]
+        values = v_all[where].double().repeat_interleave(heads // kv_heads, dim=1)
+        weights = torch.softmax(torch.einsum("hd,nhd->hn", q[i].double(), keys) / dim**0.5, dim=-1)
+        expected = torch.einsum("hn,nhd->hd", weights, values).reshape(-1)
+        torch.testing.assert_close(got[i], expected, rtol=2**-7, atol=2e-3)
