@@ -16,14 +16,14 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from argosy.ops.native import load_native_ops
+from argosy.ops.native import load_invariant_ops
 
 
 def per_row_attention_available() -> bool:
-    """True when the native paged attention serves decode rows (csrc/paged_decode.cpp; in the
-    invariant mode csrc/iq_linear.cpp's, which serves every row: each token over its own
-    visible positions in an order that depends on nothing else in the step)."""
-    return load_native_ops()
+    """True when the invariant attention kernel (csrc/iq_linear.cpp) can serve every row of a
+    step: each token over its own visible positions, in an order that depends on nothing
+    else in the step (--numerics invariant)."""
+    return load_invariant_ops()
 
 
 @dataclass(slots=True)
@@ -183,10 +183,9 @@ class CpuPagedAttention:
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         assert meta.decode_block_ids is not None and meta.decode_mask is not None
-        if per_row_attention_available():  # the compiled decode step's kernel, so eager steps match it
+        if meta.invariant:  # the one kernel every row takes in this mode, eager and compiled
             rows = meta.num_decodes
-            op = torch.ops.argosy_iq.attention if meta.invariant else torch.ops.argosy_ext.paged_decode
-            out = op(
+            out = torch.ops.argosy_iq.attention(
                 q,
                 k_cache.index_select(0, meta.slot_mapping[:rows]),
                 v_cache.index_select(0, meta.slot_mapping[:rows]),

@@ -14,12 +14,12 @@ import pytest
 
 from argosy.config import EngineConfig
 from argosy.engine.llm_engine import LLMEngine
-from argosy.ops.native import load_invariant_ops
+from argosy.ops.native import load_native_ops
 from argosy.sampling_params import SamplingParams
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not load_invariant_ops(), reason="the invariant kernels need a C++ compiler"),
+    pytest.mark.skipif(not load_native_ops(), reason="the invariant kernels need a C++ compiler"),
 ]
 
 PROMPT = (

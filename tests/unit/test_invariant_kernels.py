@@ -9,10 +9,17 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from argosy.ops.native import load_invariant_ops
+from argosy.ops.native import load_invariant_ops, load_native_ops
 from argosy.ops.quantized_linear import invariant_q4_layout, invariant_q8_layout
 
-pytestmark = pytest.mark.skipif(not load_invariant_ops(), reason="no C++ compiler for the native kernels")
+# no compiler: skipped; a compiler that builds the other native ops must build these too
+pytestmark = pytest.mark.skipif(not load_native_ops(), reason="no C++ compiler for the native kernels")
+
+
+@pytest.fixture(autouse=True)
+def built() -> None:
+    assert load_invariant_ops(), "the invariant kernels did not build (see the log)"
+
 
 ROW_COUNTS = [1, 2, 3, 4, 5, 7, 8, 13, 33]
 

@@ -10,8 +10,9 @@
 // AVX-512 VNNI):
 //   1. Each row of x (bf16 or fp32) is quantized per group of 32 k, as llama.cpp's Q8_0:
 //      a = max |x|, dx = a / 127, xq = round-half-even(x * (127 / a)) in [-127, 127] (all 0 when
-//      a = 0); sq = the sum of xq, and sx = the fp32 sum of the group's x in k order. One scalar
-//      routine does it for every path, so the paths cannot differ here; it depends on the row alone.
+//      a = 0); sq = the sum of xq, and sx = tree16(lane l: x[l] + x[l + 16]) (tree16 as in the
+//      attention below). One scalar routine does it for every path, so the paths cannot differ
+//      here; it depends on the row alone.
 //   2. Per row, output and group: the integer dot product of xq with the codes (exact: int32);
 //      Q4 centres its codes, dot - 8 * sq = xq . (q - 8) (the error of quantizing x then scales
 //      with the centred weights, about half of it with Q4_1's uncentred ones).
@@ -42,7 +43,10 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -58,7 +62,9 @@ namespace {
 constexpr int64_t kTile = 16;
 constexpr int64_t kGroup = 32;
 
-enum Path : int64_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
+// kAmx: AVX-512 VNNI, and AMX-INT8 tiles for Q4 steps of kAmxMinRows rows or more (integer dot
+// products: the same sums, so the same bits)
+enum Path : int64_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3, kAmx = 4 };
 
 bool has_avx2() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -72,9 +78,21 @@ bool has_avx512() {
   return ok;
 }
 
+// AMX-TILE and AMX-INT8 (CPUID 7.0 EDX bits 24, 25), and Linux's permission for the tile state
+bool has_amx() {
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!has_avx512() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if (!((edx >> 24) & 1u) || !((edx >> 25) & 1u)) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
 std::atomic<int64_t> forced_path{kAuto};
 
-int64_t best_path() { return has_avx512() ? kAvx512 : has_avx2() ? kAvx2 : kScalar; }
+int64_t best_path() { return has_amx() ? kAmx : has_avx512() ? kAvx512 : has_avx2() ? kAvx2 : kScalar; }
 
 int64_t current_path() {
   const int64_t forced = forced_path.load();
@@ -83,6 +101,7 @@ int64_t current_path() {
 
 const char* path_name(int64_t path) {
   switch (path) {
+    case kAmx: return "amx-int8";
     case kAvx512: return "avx512-vnni";
     case kAvx2: return "avx2";
     default: return "scalar";
@@ -115,6 +134,33 @@ inline uint16_t float_to_bf16(float f) {  // round half to even; NaN stays NaN
 
 inline float half_to_float(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
 
+// ((a0 + a2) + (a1 + a3)) + ((a4 + a6) + (a5 + a7)) + ... over 16 values (the pairing of the
+// AVX-512 transpose reduction in the attention below)
+inline float tree16(const float* a) {
+  float s[4];
+  for (int q = 0; q < 4; ++q) s[q] = (a[4 * q] + a[4 * q + 2]) + (a[4 * q + 1] + a[4 * q + 3]);
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+struct GroupQ {  // one group's quantization
+  float dx, sx;
+  int32_t sq;
+};
+
+inline GroupQ quantize_group(const float* v, int8_t* q) {
+  float amax = 0.0f, pairs[16];
+  for (int i = 0; i < kGroup; ++i) amax = std::max(amax, std::fabs(v[i]));
+  for (int i = 0; i < 16; ++i) pairs[i] = v[i] + v[i + 16];
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  int32_t qsum = 0;
+  for (int i = 0; i < kGroup; ++i) {
+    const float scaled = std::nearbyint(v[i] * inv);  // the default rounding: half to even
+    q[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, scaled)));
+    qsum += q[i];
+  }
+  return {amax / 127.0f, tree16(pairs), qsum};
+}
+
 QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups) {
   const int64_t rows = x.size(0), k = groups * kGroup;
   QuantizedRows out;
@@ -125,26 +171,19 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups) {
   const bool is_bf16 = x.scalar_type() == at::kBFloat16;
   const uint16_t* xb = is_bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
   const float* xf = is_bf16 ? nullptr : x.data_ptr<float>();
-  at::parallel_for(0, rows * groups, 64, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows * groups, 256, [&](int64_t begin, int64_t end) {
     float v[kGroup];
     for (int64_t rg = begin; rg < end; ++rg) {
       const int64_t offset = rg * kGroup;  // rows are contiguous: row r, group g is r * G + g
-      float amax = 0.0f, sum = 0.0f;
-      for (int64_t i = 0; i < kGroup; ++i) {
-        v[i] = is_bf16 ? bf16_to_float(xb[offset + i]) : xf[offset + i];
-        amax = std::max(amax, std::fabs(v[i]));
-        sum = sum + v[i];
+      const float* values = xf + offset;
+      if (is_bf16) {
+        for (int64_t i = 0; i < kGroup; ++i) v[i] = bf16_to_float(xb[offset + i]);
+        values = v;
       }
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int32_t qsum = 0;
-      for (int64_t i = 0; i < kGroup; ++i) {
-        const float scaled = std::nearbyint(v[i] * inv);  // the default rounding: half to even
-        out.q[offset + i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, scaled)));
-        qsum += out.q[offset + i];
-      }
-      out.sq[rg] = qsum;
-      out.dx[rg] = amax / 127.0f;
-      out.sx[rg] = sum;
+      const GroupQ g = quantize_group(values, out.q.data() + offset);
+      out.dx[rg] = g.dx;
+      out.sx[rg] = g.sx;
+      out.sq[rg] = g.sq;
     }
   });
   return out;
@@ -152,16 +191,31 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups) {
 
 // -- the output: fp32 or bf16 ------------------------------------------------------------------
 
+// float_to_bf16 on 16 values at once (the same integer steps)
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void bf16_16(const float* values, uint16_t* dst) {
+  const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(values));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet)));
+}
+
 struct Output {
   float* f = nullptr;
   uint16_t* b = nullptr;
   int64_t ld = 0;
+  bool vector = false;  // AVX-512 for the bf16 rounding
   void put(int64_t row, int64_t col, const float* values, int64_t count) const {
     if (f != nullptr) {
       std::memcpy(f + row * ld + col, values, static_cast<size_t>(count) * 4);
-    } else {
-      for (int64_t i = 0; i < count; ++i) b[row * ld + col + i] = float_to_bf16(values[i]);
+      return;
     }
+    int64_t i = 0;
+    if (vector)
+      for (; i + 16 <= count; i += 16) bf16_16(values + i, b + row * ld + col + i);
+    for (; i < count; ++i) b[row * ld + col + i] = float_to_bf16(values[i]);
   }
 };
 
@@ -395,6 +449,98 @@ ARGOSY_AVX512 void q8_avx512_block(const uint8_t* xu, int64_t k, const float* dx
       _mm512_storeu_ps(res + (r * T + t) * kTile, _mm512_mul_ps(acc[r][t], _mm512_loadu_ps(scales + t * kTile)));
 }
 
+// -- AMX-INT8: Q4 steps of many rows ----------------------------------------------------------
+//
+// Per 16 rows x 16 outputs x one group: one tile dot product (x signed, codes unsigned: the same
+// integer sums as the byte dot products above), then the same fp32 combination as the VNNI path,
+// 16 rows' accumulators in registers across the groups. A tile's codes are unpacked once for all
+// row blocks.
+
+#define ARGOSY_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define ARGOSY_MEMORY_BARRIER() asm volatile("" : : : "memory")
+
+constexpr int64_t kAmxMinRows = 8;
+
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+ARGOSY_AMX inline void amx_configure() {
+  AmxConfig cfg;
+  cfg.rows[0] = 16, cfg.colsb[0] = 64;  // C: 16 rows x 16 int32
+  cfg.rows[1] = 16, cfg.colsb[1] = 32;  // A: 16 rows x one group of x (32 int8)
+  cfg.rows[2] = 8, cfg.colsb[2] = 64;   // B: 8 quads of k x 16 outputs x 4 codes
+  asm volatile("" : : "r"(&cfg) : "memory");  // GCC does not see ldtilecfg read it
+  _tile_loadconfig(&cfg);
+}
+
+// a tile's codes -> B tiles [G][8 rows][64 bytes]: row 2c the low nibbles of chunk c (k = 8c..8c+3),
+// row 2c + 1 the high ones (k = 8c+4..8c+7)
+ARGOSY_AMX inline void amx_unpack_q4(const uint8_t* codes, int64_t groups, uint8_t* b) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int64_t g = 0; g < groups; ++g)
+    for (int c = 0; c < 4; ++c) {
+      const __m512i w = _mm512_loadu_si512(codes + g * 256 + c * 64);
+      _mm512_store_si512(b + g * 512 + (2 * c) * 64, _mm512_and_si512(w, low));
+      _mm512_store_si512(b + g * 512 + (2 * c + 1) * 64, _mm512_and_si512(_mm512_srli_epi16(w, 4), low));
+    }
+}
+
+// tiles [t0, t1) x every row; xp: x's codes padded to a multiple of 16 rows
+ARGOSY_AMX void q4_amx(const QuantizedRows& xr, const int8_t* xp, int64_t rows, int64_t groups,
+                       const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, int64_t t0, int64_t t1,
+                       const Output& out) {
+  const int64_t k = groups * kGroup;
+  std::vector<uint8_t> storage(static_cast<size_t>(groups * 512 + 64));
+  uint8_t* b = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+  alignas(64) int32_t dots[16 * 16];
+  alignas(64) float res[16 * 16];
+  amx_configure();
+  for (int64_t t = t0; t < t1; ++t) {
+    amx_unpack_q4(codes + t * groups * 256, groups, b);
+    ARGOSY_MEMORY_BARRIER();
+    const uint16_t* sc = scales + t * groups * kTile;
+    const uint16_t* mn = mins + t * groups * kTile;
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+      const int64_t nr = std::min<int64_t>(16, rows - r0);
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+      for (int64_t g = 0; g < groups; ++g) {
+        _tile_zero(0);
+        _tile_loadd(1, xp + r0 * k + g * kGroup, k);
+        _tile_loadd(2, b + g * 512, 64);
+        _tile_dpbsud(0, 1, 2);
+        _tile_stored(0, dots, 64);
+        ARGOSY_MEMORY_BARRIER();
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + g * kTile)));
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mn + g * kTile)));
+        const __m512 c = _mm512_fmadd_ps(_mm512_set1_ps(8.0f), d, m);
+        const float* dx = xr.dx.data() + r0 * groups + g;
+        const float* sx = xr.sx.data() + r0 * groups + g;
+        const int32_t* sq = xr.sq.data() + r0 * groups + g;
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; ++r) {
+          if (r >= nr) break;
+          const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups]));
+          const __m512i centred = _mm512_sub_epi32(_mm512_load_si512(dots + 16 * r), _mm512_set1_epi32(8 * sq[r * groups]));
+          acc[r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(centred), acc[r]);
+          acc[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(sx[r * groups]), acc[r]);
+        }
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r)
+        if (r < nr) _mm512_store_ps(res + 16 * r, acc[r]);
+      for (int64_t r = 0; r < nr; ++r) out.put(r0 + r, t * kTile, res + 16 * r, kTile);
+    }
+  }
+  _tile_release();
+}
+
 // -- driving: tiles split among threads, rows in blocks ---------------------------------------
 
 constexpr int kRowBlock = 4;  // rows a block (AVX-512: with 2 tiles; AVX2: 1 tile)
@@ -417,9 +563,10 @@ inline void for_row_blocks(int64_t rows, Run&& run) {
   if (r < rows) run(r, std::integral_constant<int, 1>{});
 }
 
-Output make_output(at::Tensor& out) {
+Output make_output(at::Tensor& out, int64_t path) {
   Output o;
   o.ld = out.size(1);
+  o.vector = path >= kAvx512;
   if (out.scalar_type() == at::kFloat)
     o.f = out.data_ptr<float>();
   else
@@ -449,17 +596,27 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   const int64_t rows = x.size(0);
   auto out = at::empty({rows, out_features}, x.options().dtype(out_float32 ? at::kFloat : x.scalar_type()));
   if (rows == 0) return out;
+  const int64_t path = current_path();
   const QuantizedRows xr = quantize_rows(x, groups);
-  const Output o = make_output(out);
+  const Output o = make_output(out, path);
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   const uint16_t* mp = reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>());
-  const int64_t path = current_path();
   if (path == kScalar) {
     for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { q4_scalar(xr, rows, groups, cp, sp, mp, t0, t1, o); });
     return out;
   }
-  const int64_t tiles_per_block = (path == kAvx512 && tiles % 2 == 0) ? 2 : 1;
+  if (path == kAmx && rows >= kAmxMinRows) {
+    const int64_t padded_rows = (rows + 15) / 16 * 16;
+    std::vector<int8_t> xp(static_cast<size_t>(padded_rows * k), 0);
+    std::memcpy(xp.data(), xr.q.data(), xr.q.size());
+    const int64_t grain = std::max<int64_t>(1, tiles / (4 * at::get_num_threads()));
+    at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+      q4_amx(xr, xp.data(), rows, groups, cp, sp, mp, t0, t1, o);
+    });
+    return out;
+  }
+  const int64_t tiles_per_block = (path >= kAvx512 && tiles % 2 == 0) ? 2 : 1;
   for_tile_blocks(tiles, tiles_per_block, [&](int64_t t0, int64_t t1) {
     float res[kRowBlock * 2 * kTile];
     const int64_t width = (t1 - t0) * kTile;
@@ -472,9 +629,9 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
       const uint8_t* c = cp + t0 * groups * 256;
       const uint16_t* s = sp + t0 * groups * kTile;
       const uint16_t* m = mp + t0 * groups * kTile;
-      if (path == kAvx512 && t1 - t0 == 2)
+      if (path >= kAvx512 && t1 - t0 == 2)
         q4_avx512_block<R, 2>(xq, k, dx, sx, sq, groups, c, s, m, res);
-      else if (path == kAvx512)
+      else if (path >= kAvx512)
         q4_avx512_block<R, 1>(xq, k, dx, sx, sq, groups, c, s, m, res);
       else
         q4_avx2_rows<R>(xq, k, dx, sx, sq, groups, c, s, m, res);
@@ -502,22 +659,22 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   const int64_t rows = x.size(0);
   auto out = at::empty({rows, out_features}, x.options().dtype(out_float32 ? at::kFloat : x.scalar_type()));
   if (rows == 0) return out;
+  const int64_t path = current_path();
   const QuantizedRows xr = quantize_rows(x, groups);
-  const Output o = make_output(out);
+  const Output o = make_output(out, path);
   const int8_t* cp = codes.data_ptr<int8_t>();
   const int32_t* wp = wsum.data_ptr<int32_t>();
   const float* sp = scales.data_ptr<float>();
-  const int64_t path = current_path();
   if (path == kScalar) {
     for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { q8_scalar(xr, rows, groups, cp, sp, t0, t1, o); });
     return out;
   }
   std::vector<uint8_t> biased;
-  if (path == kAvx512) {
+  if (path >= kAvx512) {
     biased.resize(xr.q.size());
     for (size_t i = 0; i < biased.size(); ++i) biased[i] = static_cast<uint8_t>(xr.q[i] ^ 0x80);  // x + 128
   }
-  const int64_t tiles_per_block = (path == kAvx512 && tiles % 2 == 0) ? 2 : 1;
+  const int64_t tiles_per_block = (path >= kAvx512 && tiles % 2 == 0) ? 2 : 1;
   for_tile_blocks(tiles, tiles_per_block, [&](int64_t t0, int64_t t1) {
     float res[kRowBlock * 2 * kTile];
     const int64_t width = (t1 - t0) * kTile;
@@ -526,7 +683,7 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
       const float* dx = xr.dx.data() + r0 * groups;
       const int8_t* c = cp + t0 * k * kTile;
       const float* s = sp + t0 * kTile;
-      if (path == kAvx512) {
+      if (path >= kAvx512) {
         const uint8_t* xu = biased.data() + r0 * k;
         const int32_t* w = wp + t0 * groups * kTile;
         if (t1 - t0 == 2)
@@ -876,7 +1033,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     tiles.emplace_back(r, end);
     r = end;
   }
-  const bool vector = current_path() == kAvx512;
+  const bool vector = current_path() >= kAvx512;
   const int64_t tasks = static_cast<int64_t>(tiles.size()) * kv_heads;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -898,9 +1055,11 @@ std::string set_path(const std::string& name) {
   if (name == "scalar") path = kScalar;
   else if (name == "avx2") path = kAvx2;
   else if (name == "avx512-vnni") path = kAvx512;
+  else if (name == "amx-int8") path = kAmx;
   else TORCH_CHECK(name == "auto", "set_path: unknown path ", name);
   TORCH_CHECK(path != kAvx2 || has_avx2(), "set_path: this CPU has no AVX2 + FMA + F16C");
   TORCH_CHECK(path != kAvx512 || has_avx512(), "set_path: this CPU has no AVX-512 VNNI");
+  TORCH_CHECK(path != kAmx || has_amx(), "set_path: this CPU has no AMX-INT8 (or the kernel refused it)");
   forced_path.store(path);
   return path_name(current_path());
 }
@@ -909,6 +1068,7 @@ std::vector<std::string> paths() {
   std::vector<std::string> names{"scalar"};
   if (has_avx2()) names.emplace_back("avx2");
   if (has_avx512()) names.emplace_back("avx512-vnni");
+  if (has_amx()) names.emplace_back("amx-int8");
   return names;
 }
 
