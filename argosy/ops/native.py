@@ -36,6 +36,27 @@ def build_dir() -> Path:
     return Path.home() / ".cache" / "argosy" / "torch_extensions" / f"torch-{torch.__version__}"
 
 
+def _build(name: str, sources: list[Path], cflags: list[str], directory: Path) -> Exception | None:
+    """Build (or reuse) and load one library of ops with torch's extension builder (-O3,
+    OpenMP and `cflags`); the exception when it could not (no compiler, no ninja, an error)."""
+    try:
+        from torch.utils import cpp_extension
+
+        directory.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(
+            name=name,
+            sources=[str(s) for s in sources],
+            extra_cflags=["-O3", "-fopenmp", *cflags],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as exc:  # noqa: BLE001 - whatever failed, the caller falls back
+        return exc
+    return None
+
+
 def load_native_ops() -> bool:
     """Build (or reuse) and load the native ops; True when torch.ops.argosy_ext is usable."""
     if "loaded" in _state:
@@ -45,23 +66,10 @@ def load_native_ops() -> bool:
         log.info("native ops disabled (--native-ops off)")
         return False
     started = time.perf_counter()
-    try:
-        from torch.utils import cpp_extension
-
-        directory = build_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(
-            name="argosy_native",
-            sources=[str(s) for s in _SOURCES],
-            # -ffast-math: vectorised expf (glibc's libmvec) in the softmax, 16 at a time
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-            is_python_module=False,
-            verbose=False,
-        )
-    except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a build error: fall back
-        log.warning("native ops unavailable (%s); using the Python ops", exc)
+    # -ffast-math: vectorised expf (glibc's libmvec) in the softmax, 16 at a time
+    error = _build("argosy_native", _SOURCES, ["-march=native", "-ffast-math"], build_dir())
+    if error is not None:
+        log.warning("native ops unavailable (%s); using the Python ops", error)
         return False
     _register_fakes()
     _state["loaded"] = True
@@ -81,22 +89,12 @@ def load_invariant_ops() -> bool:
     if not _enabled[0]:
         return False
     started = time.perf_counter()
-    try:
-        from torch.utils import cpp_extension
-
-        directory = build_dir() / "invariant"
-        directory.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(
-            name="argosy_invariant",
-            sources=[str(Path(__file__).parent / "csrc" / "iq_linear.cpp")],
-            extra_cflags=["-O3", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-            is_python_module=False,
-            verbose=False,
-        )
-    except Exception as exc:  # noqa: BLE001 - no compiler, no ninja, a build error: fall back
-        log.warning("invariant kernels unavailable (%s)", exc)
+    sources = [Path(__file__).parent / "csrc" / "iq_linear.cpp"]
+    error = _build(
+        "argosy_invariant", sources, ["-ffp-contract=off", "-fno-fast-math"], build_dir() / "invariant"
+    )
+    if error is not None:
+        log.warning("invariant kernels unavailable (%s)", error)
         return False
     _register_invariant_fakes()
     _state["invariant"] = True

@@ -581,6 +581,24 @@ void check_x(const at::Tensor& x, int64_t k, const char* op) {
   TORCH_CHECK(x.size(1) == k, op, ": x has ", x.size(1), " features, the weight ", k);
 }
 
+// what q4_linear and q8_linear do once their weights are checked: x checked, the output
+// allocated, x's rows quantized (none when there are no rows), the path chosen
+struct LinearCall {
+  at::Tensor out;
+  int64_t rows, path;
+  QuantizedRows xr;
+  Output o;
+
+  LinearCall(const at::Tensor& x, int64_t k, int64_t groups, int64_t out_features, bool out_float32, const char* op)
+      : rows(0), path(current_path()) {
+    check_x(x, k, op);
+    rows = x.size(0);
+    out = at::empty({rows, out_features}, x.options().dtype(out_float32 ? at::kFloat : x.scalar_type()));
+    if (rows > 0) xr = quantize_rows(x, groups);
+    o = make_output(out, path);
+  }
+};
+
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                      int64_t out_features, bool out_float32) {
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 5 && codes.size(2) == 4 && codes.size(3) == 16 &&
@@ -592,13 +610,12 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
     TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->dim() == 3 && t->size(0) == tiles &&
                     t->size(1) == groups && t->size(2) == kTile,
                 "q4_linear: scales and mins must be contiguous float16 [N/16, K/32, 16]");
-  check_x(x, k, "q4_linear");
-  const int64_t rows = x.size(0);
-  auto out = at::empty({rows, out_features}, x.options().dtype(out_float32 ? at::kFloat : x.scalar_type()));
-  if (rows == 0) return out;
-  const int64_t path = current_path();
-  const QuantizedRows xr = quantize_rows(x, groups);
-  const Output o = make_output(out, path);
+  const LinearCall call(x, k, groups, out_features, out_float32, "q4_linear");
+  const at::Tensor& out = call.out;
+  if (call.rows == 0) return out;
+  const int64_t rows = call.rows, path = call.path;
+  const QuantizedRows& xr = call.xr;
+  const Output& o = call.o;
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   const uint16_t* mp = reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>());
@@ -655,13 +672,12 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
               "q8_linear: wsum must be contiguous int32 [N/16, K/32, 16]");
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == out_features,
               "q8_linear: scales must be contiguous float32 [N]");
-  check_x(x, k, "q8_linear");
-  const int64_t rows = x.size(0);
-  auto out = at::empty({rows, out_features}, x.options().dtype(out_float32 ? at::kFloat : x.scalar_type()));
-  if (rows == 0) return out;
-  const int64_t path = current_path();
-  const QuantizedRows xr = quantize_rows(x, groups);
-  const Output o = make_output(out, path);
+  const LinearCall call(x, k, groups, out_features, out_float32, "q8_linear");
+  const at::Tensor& out = call.out;
+  if (call.rows == 0) return out;
+  const int64_t rows = call.rows, path = call.path;
+  const QuantizedRows& xr = call.xr;
+  const Output& o = call.o;
   const int8_t* cp = codes.data_ptr<int8_t>();
   const int32_t* wp = wsum.data_ptr<int32_t>();
   const float* sp = scales.data_ptr<float>();
