@@ -20,7 +20,7 @@ from argosy.ops.native import load_invariant_ops
 
 
 def per_row_attention_available() -> bool:
-    """True when the invariant attention kernel (csrc/iq_linear.cpp) can serve every row of a
+    """True when the invariant attention kernel (csrc/iq_attention.cpp) can serve every row of a
     step: each token over its own visible positions, in an order that depends on nothing
     else in the step (--numerics invariant)."""
     return load_invariant_ops()

@@ -78,8 +78,8 @@ def load_native_ops() -> bool:
 
 
 def load_invariant_ops() -> bool:
-    """Build (or reuse) and load the invariant quantized kernels (csrc/iq_linear.cpp) as their
-    own library, torch.ops.argosy_iq: built without -ffast-math and with -ffp-contract=off,
+    """Build (or reuse) and load the invariant kernels (csrc/iq_linear.cpp, iq_attention.cpp)
+    as their own library, torch.ops.argosy_iq: built without -ffast-math and with -ffp-contract=off,
     so the compiler cannot reorder or fuse their float arithmetic, and without -march=native
     (each path carries its own target attribute and is chosen at run time by CPU features).
     False when there is no compiler, the build fails, or native ops are switched off."""
@@ -89,7 +89,7 @@ def load_invariant_ops() -> bool:
     if not _enabled[0]:
         return False
     started = time.perf_counter()
-    sources = [Path(__file__).parent / "csrc" / "iq_linear.cpp"]
+    sources = [Path(__file__).parent / "csrc" / name for name in ("iq_linear.cpp", "iq_attention.cpp")]
     error = _build(
         "argosy_invariant", sources, ["-ffp-contract=off", "-fno-fast-math"], build_dir() / "invariant"
     )

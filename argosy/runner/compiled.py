@@ -78,7 +78,7 @@ class DecodeGraph(nn.Module):
         super().__init__()
         self.model = model
         self.block_size = block_size
-        # the invariant mode's kernel (csrc/iq_linear.cpp: the same for every row, prefill rows
+        # the invariant mode's kernel (csrc/iq_attention.cpp: the same for every row, prefill rows
         # included); else the C++ op (csrc/paged_decode.cpp) when it built, else the Python one
         if invariant:
             self.attention = torch.ops.argosy_iq.attention

@@ -1,4 +1,4 @@
-"""The invariant quantized kernels (argosy/ops/csrc/iq_linear.cpp): every path the CPU has
+"""The invariant kernels (argosy/ops/csrc/iq_linear.cpp, iq_attention.cpp): every path the CPU has
 gives the scalar reference's bits exactly, a row's result does not depend on the other rows,
 and the result is the quantized product it claims to be."""
 

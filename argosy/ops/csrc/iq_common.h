@@ -1,0 +1,93 @@
+// What the invariant kernels (iq_linear.cpp, iq_attention.cpp) share: the kernel paths and
+// the run-time choice between them, bf16 conversions, and the fixed 16-value sum tree.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+namespace argosy_iq {
+
+constexpr int64_t kTile = 16;
+constexpr int64_t kGroup = 32;
+
+// kAmx: AVX-512 VNNI, and AMX-INT8 tiles for Q4 steps of kAmxMinRows rows or more (integer dot
+// products: the same sums, so the same bits)
+enum Path : int64_t { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3, kAmx = 4 };
+
+inline bool has_avx2() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+inline bool has_avx512() {
+  static const bool ok = has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  return ok;
+}
+
+// AMX-TILE and AMX-INT8 (CPUID 7.0 EDX bits 24, 25), and Linux's permission for the tile state
+inline bool has_amx() {
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!has_avx512() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if (!((edx >> 24) & 1u) || !((edx >> 25) & 1u)) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+inline std::atomic<int64_t>& forced_path() {  // set_path's choice, for every op of the library
+  static std::atomic<int64_t> path{kAuto};
+  return path;
+}
+
+inline int64_t best_path() { return has_amx() ? kAmx : has_avx512() ? kAvx512 : has_avx2() ? kAvx2 : kScalar; }
+
+inline int64_t current_path() {
+  const int64_t forced = forced_path().load();
+  return forced == kAuto ? best_path() : forced;
+}
+
+inline const char* path_name(int64_t path) {
+  switch (path) {
+    case kAmx: return "amx-int8";
+    case kAvx512: return "avx512-vnni";
+    case kAvx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+inline float bf16_to_float(uint16_t bits) {
+  uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round half to even; NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+
+// ((a0 + a2) + (a1 + a3)) + ((a4 + a6) + (a5 + a7)) + ... over 16 values (the pairing of the
+// AVX-512 transpose reduction in the attention below)
+inline float tree16(const float* a) {
+  float s[4];
+  for (int q = 0; q < 4; ++q) s[q] = (a[4 * q] + a[4 * q + 2]) + (a[4 * q + 1] + a[4 * q + 3]);
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+}  // namespace argosy_iq
