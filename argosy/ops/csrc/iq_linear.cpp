@@ -11,8 +11,8 @@
 //   1. Each row of x (bf16 or fp32) is quantized per group of 32 k, as llama.cpp's Q8_0:
 //      a = max |x|, dx = a / 127, xq = round-half-even(x * (127 / a)) in [-127, 127] (all 0 when
 //      a = 0); sq = the sum of xq, and sx = tree16(lane l: x[l] + x[l + 16]) (tree16:
-//      iq_common.h). One routine does it for every path, so the paths cannot differ here; it
-//      depends on the row alone.
+//      iq_common.h). A scalar routine and an AVX-512 one with the same operations (so the same
+//      bits); it depends on the row alone.
 //   2. Per row, output and group: the integer dot product of xq with the codes (exact: int32);
 //      Q4 centres its codes, dot - 8 * sq = xq . (q - 8) (the error of quantizing x then scales
 //      with the centred weights, about half of it with Q4_1's uncentred ones).
@@ -60,7 +60,7 @@ namespace {
 using namespace argosy_iq;
 
 
-// -- 1. the rows, quantized (one routine for every path) --------------------------------------
+// -- 1. the rows, quantized (the same bits on every path) --------------------------------------
 
 struct QuantizedRows {
   std::vector<int8_t> q;    // [M, K]
@@ -91,7 +91,47 @@ inline GroupQ quantize_group(const float* v, int8_t* q) {
   return {amax / 127.0f, tree16(pairs), qsum};
 }
 
-QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups) {
+// quantize_group's operations on 32 values held as two vectors: the same products, the same
+// round-half-even and clamp, max and integer sums (order-free) and the same pairs and tree16,
+// so the same bits (inputs holding NaN aside: the row fails as non-finite anyway)
+#define ARGOSY_Q512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+ARGOSY_Q512 inline GroupQ quantize_group_512(__m512 lo, __m512 hi, int8_t* q) {
+  const float amax = std::max(0.0f, _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi))));
+  alignas(64) float pairs[16];
+  _mm512_store_ps(pairs, _mm512_add_ps(lo, hi));
+  const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+  const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
+  __m512i codes[2];
+  const __m512 halves[2] = {lo, hi};
+  for (int h = 0; h < 2; ++h) {
+    const __m512 scaled =
+        _mm512_roundscale_ps(_mm512_mul_ps(halves[h], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    codes[h] = _mm512_cvtps_epi32(_mm512_min_ps(top, _mm512_max_ps(bottom, scaled)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(codes[h]));
+  }
+  return {amax / 127.0f, tree16(pairs), _mm512_reduce_add_epi32(_mm512_add_epi32(codes[0], codes[1]))};
+}
+
+ARGOSY_Q512 inline __m512 load16_bf16(const uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+ARGOSY_Q512 void quantize_groups_512(const uint16_t* xb, const float* xf, int64_t begin, int64_t end,
+                                     QuantizedRows& out) {
+  for (int64_t rg = begin; rg < end; ++rg) {
+    const int64_t offset = rg * kGroup;
+    const __m512 lo = xb ? load16_bf16(xb + offset) : _mm512_loadu_ps(xf + offset);
+    const __m512 hi = xb ? load16_bf16(xb + offset + 16) : _mm512_loadu_ps(xf + offset + 16);
+    const GroupQ g = quantize_group_512(lo, hi, out.q.data() + offset);
+    out.dx[rg] = g.dx;
+    out.sx[rg] = g.sx;
+    out.sq[rg] = g.sq;
+  }
+}
+
+QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups, bool vector) {
   const int64_t rows = x.size(0), k = groups * kGroup;
   QuantizedRows out;
   out.q.resize(static_cast<size_t>(rows * k));
@@ -102,9 +142,13 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups) {
   const uint16_t* xb = is_bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
   const float* xf = is_bf16 ? nullptr : x.data_ptr<float>();
   at::parallel_for(0, rows * groups, 256, [&](int64_t begin, int64_t end) {
+    if (vector) {  // rows are contiguous: row r, group g is r * G + g
+      quantize_groups_512(xb, xf, begin, end, out);
+      return;
+    }
     float v[kGroup];
     for (int64_t rg = begin; rg < end; ++rg) {
-      const int64_t offset = rg * kGroup;  // rows are contiguous: row r, group g is r * G + g
+      const int64_t offset = rg * kGroup;
       const float* values = xf + offset;
       if (is_bf16) {
         for (int64_t i = 0; i < kGroup; ++i) v[i] = bf16_to_float(xb[offset + i]);
@@ -524,7 +568,7 @@ struct LinearCall {
     check_x(x, k, op);
     rows = x.size(0);
     out = at::empty({rows, out_features}, x.options().dtype(out_float32 ? at::kFloat : x.scalar_type()));
-    if (rows > 0) xr = quantize_rows(x, groups);
+    if (rows > 0) xr = quantize_rows(x, groups, path >= kAvx512);
     o = make_output(out, path);
   }
 };
