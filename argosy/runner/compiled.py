@@ -13,7 +13,8 @@ declares the mutation, which inductor re-inplaces: no copy of the cache). The op
 one from argosy/ops/native.py when it builds (it reads K/V straight from the blocks:
 ~30 us a layer at one row where the Python op's gather + SDPA took ~100), else the Python
 op below. The graph runs from inductor's C++ wrapper, not generated Python, and once every
-graph exists only the guards that choose between them are evaluated.
+graph exists the compiled code is called directly (chosen once per row count by dynamo's
+guards: `_find_direct`), not through dynamo's guarded frame hook.
 
 Only decode-only steps use it (one new token per sequence, no prompt logprobs); prefill
 and mixed steps run the eager model. If compiling fails, the runner stays eager; a compiled
@@ -25,7 +26,9 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from typing import cast
+import types
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch._inductor.config
@@ -133,6 +136,8 @@ class CompiledDecoder:
         self.fn = torch.compile(self.graph, dynamic=False, fullgraph=True)
         self.warm = False
         self.num_eager_fallbacks = 0  # compiled steps that failed and ran eagerly instead
+        # once warm: row count -> the graph's compiled code, called without dynamo's frame hook
+        self._direct: dict[int, Callable[..., Any]] = {}
 
     def __call__(
         self,
@@ -153,25 +158,56 @@ class CompiledDecoder:
         args = (input_ids, cos, sin, slots, block_ids, mask, k_all, v_all)
         if not self.warm:
             return cast(torch.Tensor, self.fn(*args))
-        # No garbage collection inside the call: a collection there runs weakref callbacks and
-        # finalizers (an asyncio transport's __del__, a WeakSet's _remove) as Python frames under
-        # dynamo's frame hook, which the stance below refuses to compile ("Recompilation
-        # triggered"), failing the step. Collection resumes at the next allocation after it.
-        collecting = gc.isenabled()
-        gc.disable()
         try:
-            # every graph exists (warm_up): evaluate only the guards that pick between them
-            # (row count 1 / the int4 side / the bf16 side), ~0.7 ms less per step
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                return cast(torch.Tensor, self.fn(*args))
+            return self._run_warm(args)
         except Exception as exc:  # noqa: BLE001 - a graph that fails once must not fail the step
             # the K/V writes are idempotent (same values, same slots), so the step reruns eagerly
             self.num_eager_fallbacks += 1
             log.warning("compiled decode step failed (%s); this step runs eagerly", exc)
             return cast(torch.Tensor, self.graph(*args))
+
+    def _run_warm(self, args: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """One step once every graph exists: the compiled code called directly, else dynamo's
+        guarded call."""
+        direct = self._direct.get(args[0].shape[0]) or self._find_direct(args)
+        if direct is not None:
+            return cast(torch.Tensor, direct(self.graph, *args))
+        # No garbage collection inside the guarded call: a collection there runs weakref
+        # callbacks and finalizers (an asyncio transport's __del__, a WeakSet's _remove) as Python
+        # frames under dynamo's frame hook, which the stance below refuses to compile
+        # ("Recompilation triggered"), failing the step. Collection resumes at the next
+        # allocation after it. (The direct call has no frame hook: nothing to refuse.)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            # evaluate only the guards that pick between the graphs
+            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                return cast(torch.Tensor, self.fn(*args))
         finally:
             if collecting:
                 gc.enable()
+
+    def _find_direct(self, args: tuple[torch.Tensor, ...]) -> Callable[..., Any] | None:
+        """The compiled code dynamo would pick for these arguments, as a plain function: dynamo
+        checks ~3,200 guards (every weight tensor's shape, stride and dtype) on each call, ~1 ms
+        a step at one row even with only the distinguishing guards evaluated; the graphs are
+        fixed once warm, so the choice is made once per row count. Called with the graph module
+        as `self`, the code fetches the weights from it and calls the compiled graph, exactly
+        what dynamo runs after its guards pass. None (the guarded call, below) when no cache
+        entry matches or torch's cache API is not there."""
+        try:
+            from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+            names = DecodeGraph.forward.__code__.co_varnames[:9]  # self and the 8 arguments
+            frame_locals = dict(zip(names, (self.graph, *args), strict=True))
+            for entry in _debug_get_cache_entry_list(DecodeGraph.forward.__code__):
+                if entry.guard_manager.check(frame_locals):
+                    fn = types.FunctionType(entry.code, DecodeGraph.forward.__globals__)
+                    self._direct[args[0].shape[0]] = fn
+                    return fn
+        except Exception as exc:  # noqa: BLE001 - an internal API: without it, dynamo's own call
+            log.debug("no direct call of the compiled decode step (%s)", exc)
+        return None
 
     @torch.inference_mode()
     def warm_up(

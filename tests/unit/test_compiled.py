@@ -89,34 +89,40 @@ def test_garbage_collection_during_a_compiled_step_and_a_failing_graph(tiny_llam
     under dynamo's frame hook, whose skip-guard stance refused it and failed the whole step.
     Here every compiled step leaves one collectable cycle and a collection threshold that
     falls at a different allocation inside the call; the steps must still give the eager
-    tokens, with no fallback needed. Then a graph that raises: that step reruns eagerly."""
+    tokens, with no fallback needed, through both calls of a warm graph (direct and dynamo's
+    guarded one). Then a graph that raises: that step reruns eagerly."""
     requests = {f"c{i}": (prompt(5 + 7 * i, seed=60 + i), greedy(40)) for i in range(3)}
     eager = run(tiny_llama.engine(), requests)
     engine = tiny_llama.engine(compile="on")
     compiled = engine.runner.compiled
     assert compiled is not None
-    graph_fn, threshold, calls = compiled.fn, gc.get_threshold(), itertools.count()
+    run_warm, threshold, calls = compiled._run_warm, gc.get_threshold(), itertools.count()
 
-    def collect_inside(*args: torch.Tensor) -> torch.Tensor:
+    def collect_inside(args: tuple[torch.Tensor, ...]) -> torch.Tensor:
         gc.set_threshold(100_000, *threshold[1:])
         gc.collect()
         _Cycle()
         gc.set_threshold(gc.get_count()[0] + 1 + next(calls) % 60, *threshold[1:])
         try:
-            return graph_fn(*args)
+            return run_warm(args)
         finally:
             gc.set_threshold(*threshold)
 
-    compiled.fn = collect_inside
-    assert {r: o.token_ids for r, o in run(engine, requests).items()} == {
-        r: o.token_ids for r, o in eager.items()
-    }
-    assert next(calls) > 30 and compiled.num_eager_fallbacks == 0
+    compiled._run_warm = collect_inside  # type: ignore[method-assign]
+    for direct in (True, False):
+        if not direct:  # dynamo's guarded call, as when the direct one is not found
+            compiled._find_direct = lambda args: None  # type: ignore[method-assign]
+        compiled._direct.clear()
+        assert {r: o.token_ids for r, o in run(engine, requests).items()} == {
+            r: o.token_ids for r, o in eager.items()
+        }
+        assert next(calls) > 30 and compiled.num_eager_fallbacks == 0
+        assert bool(compiled._direct) == direct
 
-    def broken(*args: torch.Tensor) -> torch.Tensor:
+    def broken(args: tuple[torch.Tensor, ...]) -> torch.Tensor:
         raise RuntimeError("torch.compile with fullgraph=True found no compiled frames")
 
-    compiled.fn, steps_before = broken, engine.runner.num_compiled_steps
+    compiled._run_warm, steps_before = broken, engine.runner.num_compiled_steps  # type: ignore[method-assign]
     assert {r: o.token_ids for r, o in run(engine, requests).items()} == {
         r: o.token_ids for r, o in eager.items()
     }
