@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -106,11 +107,45 @@ def load_model(
     _quantize(
         model, source, dtype, device, quantization, max_int4_rows(dtype, invariant) if pack else 0, invariant
     )
+    if invariant:  # the residual stream in float32 (bench/quality.py: KL to the fp32 reference -17%)
+        model.hidden_dtype = torch.float32
     if pack:
         log.info(
             "packed %s weights: %d linear layers", str(dtype).removeprefix("torch."), apply_packing(model)
         )
     return model
+
+
+def file_rows(files: list[Path], names: list[str]) -> Callable[[int, int], torch.Tensor] | None:
+    """Rows [start, stop) of the weights `names` stacked in order (as a fused layer holds
+    them), read from the safetensors files as stored (a converted GGUF's are float32: a Q8_0
+    weight's exact values); None when one of them is not there."""
+    where: dict[str, tuple[Path, int]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
+                if name in names:
+                    where[name] = (file, f.get_slice(name).get_shape()[0])
+    if any(name not in where for name in names):
+        return None
+
+    def rows(start: int, stop: int) -> torch.Tensor:
+        parts, offset = [], 0
+        for name in names:
+            file, count = where[name]
+            lo, hi = max(start - offset, 0), min(stop - offset, count)
+            if lo < hi:
+                with safe_open(str(file), framework="pt") as f:
+                    parts.append(f.get_slice(name)[lo:hi])
+            offset += count
+        return torch.cat(parts)
+
+    return rows
+
+
+def _head_rows(model: DecoderForCausalLM, files: list[Path]) -> Callable[[int, int], torch.Tensor] | None:
+    tied = model.lm_head.weight is model.embed_tokens.weight
+    return file_rows(files, ["model.embed_tokens.weight" if tied else "lm_head.weight"])
 
 
 def _quantize(
@@ -127,8 +162,15 @@ def _quantize(
     if device != "cpu":
         raise ModelLoadError(f"quantization {mode!r} uses CPU kernels; use --quantization none on {device}")
     blocks_file = Path(source.weights_dir) / INT4_FILE
+    files = sorted(Path(source.weights_dir).glob("model*.safetensors"))
+
+    # the invariant kernels' int8 is GGUF's Q8_0 (scales per group of 32), quantized from the
+    # weights as the files hold them: a Q8_0 weight (SmolLM2's tied head) is its own codes
+    def rows_of(names: list[str]) -> Callable[[int, int], torch.Tensor] | None:
+        return file_rows(files, names) if invariant else None
+
     if mode == "int8":
-        count = apply_int8(model, dtype, invariant)
+        count = apply_int8(model, dtype, invariant, rows_of)
     elif blocks_file.exists():
         count = apply_int4(model, load_file(str(blocks_file)), dtype, max_int4_rows, invariant)
         if invariant or dtype != torch.float32:  # float32 asks for precision: its head stays exact
@@ -140,12 +182,13 @@ def _quantize(
                 0 if native_qlinear(dtype) else max_int4_rows,
                 invariant=invariant,
                 float_output=True,
+                weight_rows=_head_rows(model, files) if invariant else None,
             )
     elif mode == "int4":
         raise ModelLoadError("int4 uses a GGUF file's own Q4_0/Q4_1 blocks; this model has none (try int8)")
     elif invariant:  # auto without 4-bit blocks: int8, which the invariant kernels serve
-        count = apply_int8(model, dtype, invariant)
-        apply_int8_head(model, dtype, invariant=True, float_output=True)
+        count = apply_int8(model, dtype, invariant, rows_of)
+        apply_int8_head(model, dtype, invariant=True, float_output=True, weight_rows=_head_rows(model, files))
     else:
         return  # auto without 4-bit blocks: keep the float weights
     log.info("quantization %s: %d projection layers", mode, count)

@@ -7,6 +7,8 @@ it goes to int8 per channel (`apply_int8_head`), as llama.cpp holds it in 8 bits
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -53,14 +55,23 @@ def apply_int4(
     return count
 
 
-def apply_int8(model: DecoderForCausalLM, dtype: torch.dtype, invariant: bool = False) -> int:
+def apply_int8(
+    model: DecoderForCausalLM,
+    dtype: torch.dtype,
+    invariant: bool = False,
+    rows_of: Callable[[list[str]], Callable[[int, int], torch.Tensor] | None] | None = None,
+) -> int:
+    """Every float projection to int8; `rows_of(hf_names)`: where to read a fused layer's
+    weight rows as the files hold them, if anywhere (Int8Linear's `weight_rows`)."""
     count = 0
     for i in range(model.config.num_layers):
-        for fused in _FUSED_PARTS:
+        for fused, parts in _FUSED_PARTS.items():
             path = f"layers.{i}.{fused}"
             current = model.get_submodule(path)
             if isinstance(current, nn.Linear):
-                _replace(model, path, Int8Linear(current.weight, current.bias, dtype, invariant=invariant))
+                rows = rows_of([f"model.layers.{i}.{p}.weight" for p in parts]) if rows_of else None
+                int8 = Int8Linear(current.weight, current.bias, dtype, invariant=invariant, weight_rows=rows)
+                _replace(model, path, int8)
                 count += 1
     return count
 
@@ -72,13 +83,17 @@ def apply_int8_head(
     *,
     invariant: bool = False,
     float_output: bool = False,
+    weight_rows: Callable[[int, int], torch.Tensor] | None = None,
 ) -> None:
     """An int8 (per output channel) copy of the output head, for steps of at most
     max_int8_rows rows when given (the float head serves the rest): at one row it reads half
     the bytes of bf16 (0.95 vs 1.34 ms for SmolLM2's 49152 x 576 head, 2 threads), but int8's
     kernel slows with rows (3.3 ms at 8). A tied head keeps the embeddings in float.
-    `float_output`: logits in float32 where the invariant kernels serve the head."""
+    `float_output`: logits in float32 where the invariant kernels serve the head;
+    `weight_rows`: the head's rows as the files hold them (Int8Linear)."""
     head = model.lm_head
     assert isinstance(head, nn.Linear)
-    int8 = Int8Linear(head.weight, head.bias, dtype, invariant=invariant, float_output=float_output)
+    int8 = Int8Linear(
+        head.weight, head.bias, dtype, invariant=invariant, float_output=float_output, weight_rows=weight_rows
+    )
     model.lm_head = BatchSwitchLinear(int8, head, max_int8_rows) if max_int8_rows else int8  # type: ignore[assignment]

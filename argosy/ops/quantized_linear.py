@@ -16,6 +16,8 @@ with the native int4 kernel, ad-hoc engine probe).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -83,13 +85,39 @@ def invariant_q4_layout(
     return tiles, per_tile(d), per_tile(m)
 
 
-def invariant_q8_layout(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 [N, K] -> the invariant kernel's layout [N/16, K/4, 16, 4] and each group's code
-    sum int32 [N/16, K/32, 16] (its VNNI path's correction for x biased to unsigned)."""
+def q8_group_codes(
+    rows: Callable[[int, int], torch.Tensor], n: int, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 codes [N, K] and float16 scales [N, K/32] of a weight, per group of 32 along K as
+    GGUF's Q8_0 quantizes: d = fp16(max |w| / 127), q = round(w / d) within [-127, 127] (a group
+    too small for a float16 scale: zeros). `rows(start, stop)` gives the weight's rows in float
+    (read a few thousand at a time: a float32 copy of a whole output head would add ~110 MB to
+    the load's peak memory). A Q8_0 weight's float32 values give its own codes and scales back
+    exactly: each group's largest code is +-127, so max |w| / 127 is its float16 d."""
+    codes = torch.empty(n, k, dtype=torch.int8)
+    scales = torch.empty(n, k // GROUP_SIZE, dtype=torch.float16)
+    for start in range(0, n, 4096):
+        stop = min(n, start + 4096)
+        w = rows(start, stop).float().view(stop - start, k // GROUP_SIZE, GROUP_SIZE)
+        d = (w.abs().amax(dim=-1) / 127.0).half()
+        divisor = d.float()[..., None]
+        q = torch.where(divisor > 0, w / divisor.clamp(min=1e-30), 0.0)  # w / d: exact for Q8_0's codes
+        codes[start:stop] = torch.round(q).clamp(-127, 127).to(torch.int8).view(stop - start, k)
+        scales[start:stop] = d
+    return codes, scales
+
+
+def invariant_q8_layout(
+    codes: torch.Tensor, scales: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int8 codes [N, K] and float16 scales [N, K/32] -> the invariant kernel's layout: codes
+    [N/16, K/4, 16, 4], each group's code sum int32 [N/16, K/32, 16] (its VNNI path's
+    correction for x biased to unsigned) and the scales [N/16, K/32, 16]."""
     n, k = codes.shape
     tiles = codes.view(n // _TILE, _TILE, k // 4, 4).permute(0, 2, 1, 3).contiguous()
     sums = codes.view(n // _TILE, _TILE, k // GROUP_SIZE, GROUP_SIZE).sum(-1, dtype=torch.int32)
-    return tiles, sums.transpose(1, 2).contiguous()
+    per_tile = scales.view(n // _TILE, _TILE, k // GROUP_SIZE).transpose(1, 2).contiguous()
+    return tiles, sums.transpose(1, 2).contiguous(), per_tile
 
 
 class Int4Linear(nn.Module):
@@ -153,12 +181,31 @@ class Int8Linear(nn.Module):
         dtype: torch.dtype,
         invariant: bool = False,
         float_output: bool = False,
+        weight_rows: Callable[[int, int], torch.Tensor] | None = None,
     ) -> None:
-        """`invariant`: the invariant kernels for every row count, where they build;
+        """`invariant`: the invariant kernels for every row count, where they build, with
+        Q8_0-style scales per group of 32 (`q8_group_codes`; else int8 per output channel);
         `float_output`: then the result in float32 whatever `dtype` (an output head: logits
-        kept in fp32 through log-softmax)."""
+        kept in fp32 through log-softmax); `weight_rows(start, stop)`: the weight's rows as
+        the file holds them (float32 from a GGUF: its own Q8_0 codes come back exactly), where
+        `weight` may have been rounded to `dtype`."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+        self.invariant = (
+            invariant and invariant_qlinear(dtype) and _native_shape_ok(self.out_features, self.in_features)
+        )
+        self.float_output = float_output and self.invariant
+        if self.invariant:  # the one form, for every number of rows
+            rows = weight_rows or (lambda start, stop: weight.detach()[start:stop])
+            iq_codes, iq_sums, iq_scales = invariant_q8_layout(
+                *q8_group_codes(rows, self.out_features, self.in_features)
+            )
+            self.register_buffer("iq_codes", iq_codes)
+            self.register_buffer("iq_sums", iq_sums)
+            self.register_buffer("iq_scales", iq_scales)  # float16
+            self.native = False
+            return
         codes = torch.empty(weight.shape, dtype=torch.int8)
         scales = torch.empty(self.out_features)
         # a few thousand rows at a time: a float32 copy of a whole output head (49k x 576)
@@ -168,18 +215,6 @@ class Int8Linear(nn.Module):
             part = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
             codes[start : start + 4096] = torch.round(w / part[:, None]).clamp(-127, 127).to(torch.int8)
             scales[start : start + 4096] = part
-        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
-        self.invariant = (
-            invariant and invariant_qlinear(dtype) and _native_shape_ok(self.out_features, self.in_features)
-        )
-        self.float_output = float_output and self.invariant
-        if self.invariant:  # the one form, for every number of rows
-            iq_codes, iq_sums = invariant_q8_layout(codes)
-            self.register_buffer("iq_codes", iq_codes)
-            self.register_buffer("iq_sums", iq_sums)
-            self.register_buffer("iq_scales", scales)  # float32
-            self.native = False
-            return
         self.register_buffer("weight_int8", codes)
         self.register_buffer("scales", scales.to(dtype))
         self.native = native_qlinear(dtype) and _native_shape_ok(self.out_features, self.in_features)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from argosy.ops.native import load_invariant_ops, load_native_ops
-from argosy.ops.quantized_linear import invariant_q4_layout, invariant_q8_layout
+from argosy.ops.quantized_linear import invariant_q4_layout, invariant_q8_layout, q8_group_codes
 
 # no compiler: skipped; a compiler that builds the other native ops must build these too
 pytestmark = pytest.mark.skipif(not load_native_ops(), reason="no C++ compiler for the native kernels")
@@ -60,10 +60,8 @@ def q4(x: torch.Tensor, layout: tuple[torch.Tensor, ...], n: int, out_float32: b
     return torch.ops.argosy_iq.q4_linear(x, *layout, n, out_float32)
 
 
-def q8(
-    x: torch.Tensor, layout: tuple[torch.Tensor, ...], scales: torch.Tensor, n: int, out_float32: bool = True
-):  # type: ignore[no-untyped-def]
-    return torch.ops.argosy_iq.q8_linear(x, *layout, scales, n, out_float32)
+def q8(x: torch.Tensor, layout: tuple[torch.Tensor, ...], n: int, out_float32: bool = True) -> torch.Tensor:
+    return torch.ops.argosy_iq.q8_linear(x, *layout, n, out_float32)
 
 
 @pytest.mark.parametrize(("n", "k"), [(32, 64), (48, 96), (96, 576)])
@@ -127,23 +125,47 @@ def test_q4_bf16_output_is_the_float_output_rounded(paths: list[str]) -> None:
         assert torch.equal(bits(as_bf16), bits(as_float.to(torch.bfloat16))), path
 
 
+def q8_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A GGUF Q8_0 weight: codes with a +-127 in each group, float16 scales."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    codes.view(n, k // 32, 32)[:, :, 5] = 127
+    return codes, (torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-4).half()
+
+
+def q8_dense(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    n, k = codes.shape
+    return (codes.double().view(n, k // 32, 32) * scales.double()[..., None]).view(n, k)
+
+
 @pytest.mark.parametrize(("n", "k"), [(32, 64), (160, 576)])
 def test_q8_every_path_gives_the_reference_bits_for_any_row_count(paths: list[str], n: int, k: int) -> None:
-    gen = torch.Generator().manual_seed(n)
-    codes = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
-    scales = torch.rand(n, generator=gen) * 0.01 + 1e-4
-    layout = invariant_q8_layout(codes)
+    codes, scales = q8_weight(n, k, seed=n)
+    layout = invariant_q8_layout(codes, scales)
     x = rows(max(ROW_COUNTS), k, seed=5)
     torch.ops.argosy_iq.set_path("scalar")
-    reference = q8(x, layout, scales, n)
-    exact = x.double() @ (codes.double() * scales.double()[:, None]).T
+    reference = q8(x, layout, n)
+    exact = x.double() @ q8_dense(codes, scales).T
     assert (reference.double() - exact).norm() < 0.01 * exact.norm()
     for path in paths:
         torch.ops.argosy_iq.set_path(path)
         for count in ROW_COUNTS:
-            assert torch.equal(bits(q8(x[:count], layout, scales, n)), bits(reference[:count])), (path, count)
-        alone = torch.cat([q8(x[i : i + 1], layout, scales, n) for i in range(x.shape[0])])
+            assert torch.equal(bits(q8(x[:count], layout, n)), bits(reference[:count])), (path, count)
+        alone = torch.cat([q8(x[i : i + 1], layout, n) for i in range(x.shape[0])])
         assert torch.equal(bits(alone), bits(reference)), path
+
+
+def test_q8_group_codes_give_a_q8_0_weight_back_exactly() -> None:
+    """The float32 values of a GGUF Q8_0 weight (d * q, exact) requantize to its own codes and
+    scales, so the output head runs on the file's weights, not on a second quantization."""
+    codes, scales = q8_weight(40, 96, seed=9)
+    codes[3, :32] = 0  # an all-zero group: scale 0, codes 0
+    dense = q8_dense(codes, scales).float()
+    got_codes, got_scales = q8_group_codes(lambda a, b: dense[a:b], 40, 96)
+    expected_scales = scales.clone()
+    expected_scales[3, 0] = 0
+    assert torch.equal(got_codes, codes)
+    assert torch.equal(got_scales.view(torch.int16), expected_scales.view(torch.int16))
 
 
 def test_paths_are_named_and_a_missing_one_is_refused(paths: list[str]) -> None:

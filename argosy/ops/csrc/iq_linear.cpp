@@ -3,8 +3,10 @@
 // argosy_iq::q4_linear(x, codes, scales, mins, out_features, out_float32): GGUF Q4_0/Q4_1
 //   weights, w[n, k] = d[n, g] * q[n, k] + m[n, g] for the group g = k / 32 (the file's own
 //   codes, scales and minimums; Q4_0 is m = -8 d).
-// argosy_iq::q8_linear(x, codes, scales, out_features, out_float32): int8 per output channel,
-//   w[n, k] = s[n] * q[n, k] (the output head).
+// argosy_iq::q8_linear(x, codes, wsum, scales, out_features, out_float32): GGUF Q8_0-style
+//   int8, w[n, k] = d[n, g] * q[n, k] for the group g = k / 32 (an output head: the file's own
+//   Q8_0 codes and scales, which its float32 values give back exactly; else any float weight
+//   quantized so).
 //
 // The arithmetic, defined once and followed exactly by every path (scalar reference, AVX2 + FMA,
 // AVX-512 VNNI):
@@ -19,7 +21,7 @@
 //   3. Per row and output, the groups in k order, in fp32 with fused multiply-adds:
 //        Q4: acc = fma(d * dx, float(dot - 8 sq), acc); acc = fma(fma(8, d, m), sx, acc)
 //            (d q + m = d (q - 8) + (m + 8 d); Q4_0's m + 8 d is 0)
-//        Q8: acc = fma(dx, float(dot), acc); out = acc * s at the end
+//        Q8: acc = fma(d * dx, float(dot), acc)
 //      then rounded to bf16 (round-half-even) unless out_float32.
 // Nothing is summed across threads or across k blocks in a different order: threads split the
 // outputs (tiles of 16), never k; rows are blocked for speed, but each output element is the
@@ -32,7 +34,7 @@
 //   Q8 codes int8 [N/16, K/4, 16, 4]: [t, j, i, b] = q[16t+i, 4j+b]
 //   Q8 wsum int32 [N/16, K/32, 16]: the sum of a group's codes (VNNI multiplies unsigned by
 //     signed bytes: x goes in biased by 128, and 128 * wsum comes off again)
-//   Q8 scales float32 [N]
+//   Q8 scales float16 [N/16, K/32, 16]
 // so one 64-byte load holds 4 consecutive k of 16 outputs: the byte dot-product instructions
 // (vpdpbusd; vpmaddubsw + vpmaddwd on AVX2) sum them per 32-bit lane, one lane per output.
 //
@@ -226,7 +228,7 @@ void q4_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const uint
   }
 }
 
-void q8_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const int8_t* codes, const float* scales,
+void q8_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const int8_t* codes, const uint16_t* scales,
                int64_t t0, int64_t t1, const Output& out) {
   const int64_t k = groups * kGroup;
   float acc[kTile];
@@ -239,10 +241,10 @@ void q8_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const int8
           int32_t dot = 0;
           for (int64_t j = 8 * g; j < 8 * g + 8; ++j)
             for (int64_t b = 0; b < 4; ++b) dot += static_cast<int32_t>(codes[((t * (k / 4) + j) * kTile + i) * 4 + b]) * xq[4 * j + b];
-          acc[i] = std::fma(xr.dx[r * groups + g], static_cast<float>(dot), acc[i]);
+          const float dd = half_to_float(scales[(t * groups + g) * kTile + i]) * xr.dx[r * groups + g];
+          acc[i] = std::fma(dd, static_cast<float>(dot), acc[i]);
         }
       }
-      for (int64_t i = 0; i < kTile; ++i) acc[i] = acc[i] * scales[t * kTile + i];
       out.put(r, t * kTile, acc, kTile);
     }
   }
@@ -302,7 +304,7 @@ ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
 
 template <int R>
 ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, int64_t groups, const int8_t* codes,
-                              const float* scales, float* res) {
+                              const uint16_t* scales, float* res) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
@@ -320,13 +322,16 @@ ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, int6
         }
       }
     }
-    for (int h = 0; h < 2; ++h)
-      for (int r = 0; r < R; ++r)
-        acc[r][h] = _mm256_fmadd_ps(_mm256_set1_ps(dx[r * groups + g]), _mm256_cvtepi32_ps(dot[r][h]), acc[r][h]);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + g * kTile + 8 * h)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+        acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[r][h]), acc[r][h]);
+      }
+    }
   }
   for (int r = 0; r < R; ++r)
-    for (int h = 0; h < 2; ++h)
-      _mm256_storeu_ps(res + r * kTile + 8 * h, _mm256_mul_ps(acc[r][h], _mm256_loadu_ps(scales + 8 * h)));
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(res + r * kTile + 8 * h, acc[r][h]);
 }
 
 // -- AVX-512 VNNI: 16 outputs a vector ---------------------------------------------------------
@@ -387,7 +392,7 @@ ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, int64_t k, const float* dx,
 
 template <int R, int T>
 ARGOSY_AVX512 void q8_avx512_block(const uint8_t* xu, int64_t k, const float* dx, int64_t groups,
-                                   const int8_t* codes, const int32_t* wsum, const float* scales, float* res) {
+                                   const int8_t* codes, const int32_t* wsum, const uint16_t* scales, float* res) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
@@ -412,15 +417,16 @@ ARGOSY_AVX512 void q8_avx512_block(const uint8_t* xu, int64_t k, const float* dx
     for (int t = 0; t < T; ++t) {
       // (x + 128) . w - 128 * sum(w) = x . w, exactly
       const __m512i correction = _mm512_mullo_epi32(_mm512_loadu_si512(wsum + t * tile_sums + g * kTile), bias);
+      const __m512 d =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + t * tile_sums + g * kTile)));
       for (int r = 0; r < R; ++r) {
         const __m512 dot_f = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][t], correction));
-        acc[r][t] = _mm512_fmadd_ps(_mm512_set1_ps(dx[r * groups + g]), dot_f, acc[r][t]);
+        acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g])), dot_f, acc[r][t]);
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
-      _mm512_storeu_ps(res + (r * T + t) * kTile, _mm512_mul_ps(acc[r][t], _mm512_loadu_ps(scales + t * kTile)));
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(res + (r * T + t) * kTile, acc[r][t]);
 }
 
 // -- AMX-INT8: Q4 steps of many rows ----------------------------------------------------------
@@ -644,8 +650,9 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   TORCH_CHECK(wsum.scalar_type() == at::kInt && wsum.is_contiguous() && wsum.dim() == 3 && wsum.size(0) == tiles &&
                   wsum.size(1) == groups && wsum.size(2) == kTile,
               "q8_linear: wsum must be contiguous int32 [N/16, K/32, 16]");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == out_features,
-              "q8_linear: scales must be contiguous float32 [N]");
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.dim() == 3 &&
+                  scales.size(0) == tiles && scales.size(1) == groups && scales.size(2) == kTile,
+              "q8_linear: scales must be contiguous float16 [N/16, K/32, 16]");
   const LinearCall call(x, k, groups, out_features, out_float32, "q8_linear");
   const at::Tensor& out = call.out;
   if (call.rows == 0) return out;
@@ -654,7 +661,7 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   const Output& o = call.o;
   const int8_t* cp = codes.data_ptr<int8_t>();
   const int32_t* wp = wsum.data_ptr<int32_t>();
-  const float* sp = scales.data_ptr<float>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   if (path == kScalar) {
     for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { q8_scalar(xr, rows, groups, cp, sp, t0, t1, o); });
     return out;
@@ -672,7 +679,7 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
       constexpr int R = decltype(rows_constant)::value;
       const float* dx = xr.dx.data() + r0 * groups;
       const int8_t* c = cp + t0 * k * kTile;
-      const float* s = sp + t0 * kTile;
+      const uint16_t* s = sp + t0 * groups * kTile;
       if (path >= kAvx512) {
         const uint8_t* xu = biased.data() + r0 * k;
         const int32_t* w = wp + t0 * groups * kTile;
