@@ -73,7 +73,8 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         q, k, v = self.project(x, meta.cos.unsqueeze(1), meta.sin.unsqueeze(1))
-        return self.o_proj(self.backend.forward(q, k, v, k_cache, v_cache, meta))
+        q, k, v = (t.to(k_cache.dtype) for t in (q, k, v))  # the cache's dtype (an fp32 stream: bf16)
+        return self.o_proj(self.backend.forward(q, k, v, k_cache, v_cache, meta).to(x.dtype))
 
 
 class MLP(nn.Module):
@@ -126,6 +127,13 @@ class DecoderForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", cfg.inv_freq(), persistent=False)
+        # the residual stream's dtype when it is not the weights' (None): float32 in the
+        # invariant mode, as llama.cpp keeps it, with bf16 weights, embeddings and KV cache
+        self.hidden_dtype: torch.dtype | None = None
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        return x if self.hidden_dtype is None else x.to(self.hidden_dtype)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq.to(positions.device)
@@ -138,7 +146,7 @@ class DecoderForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x = self.embed(input_ids)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = layer(x, k_cache, v_cache, meta)
         return self.norm(x)

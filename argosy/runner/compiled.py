@@ -102,14 +102,14 @@ class DecodeGraph(nn.Module):
         v_all: torch.Tensor,
     ) -> torch.Tensor:
         model = self.model
-        x = model.embed_tokens(input_ids)
+        x = model.embed(input_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         for i, module in enumerate(model.layers):
             layer = cast(DecoderLayer, module)
             attn = layer.self_attn
-            q, k, v = attn.project(layer.input_layernorm(x), cos, sin)
+            q, k, v = (t.to(k_all.dtype) for t in attn.project(layer.input_layernorm(x), cos, sin))
             out = self.attention(q, k, v, k_all[i], v_all[i], slots, block_ids, mask, self.block_size)
-            x = x + attn.o_proj(out)
+            x = x + attn.o_proj(out.to(x.dtype))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return model.compute_logits(model.norm(x))
 
@@ -227,7 +227,7 @@ class CompiledDecoder:
                 rows, blocks = count, MIN_BLOCKS + i
                 ids = torch.zeros(rows, dtype=torch.long)
                 positions = torch.zeros(rows, dtype=torch.long)
-                cos, sin = self.graph.model.rope(positions, dtype)
+                cos, sin = self.graph.model.rope(positions, self.graph.model.hidden_dtype or dtype)
                 slots = torch.full((rows,), scratch_block * self.block_size, dtype=torch.long)
                 block_ids = torch.full((rows * blocks,), scratch_block, dtype=torch.long)
                 mask = torch.zeros(rows, 1, 1, blocks * self.block_size, dtype=torch.bool)

@@ -204,7 +204,7 @@ class ModelRunner:
                 row += 1
         ctx = max_blocks * bs
         mask = torch.arange(ctx).unsqueeze(0) <= positions.unsqueeze(1)
-        cos, sin = self.model.rope(positions, self.dtype)
+        cos, sin = self.model.rope(positions, self.model.hidden_dtype or self.dtype)
         logits = compiled(
             ids, cos, sin, slots, block_ids.view(-1), mask.view(rows, 1, 1, ctx), self.k_all, self.v_all
         ).float()
@@ -259,7 +259,7 @@ class ModelRunner:
                 slot_parts.append(context_slots[start:stop])
                 prefills.append(PrefillChunk(token_start, req.num_new_tokens, stop, context_slots))
         positions = torch.tensor(pos, dtype=torch.long)
-        cos, sin = self.model.rope(positions, self.dtype)
+        cos, sin = self.model.rope(positions, self.model.hidden_dtype or self.dtype)
         meta = AttentionMetadata(torch.cat(slot_parts), cos, sin, prefills=prefills, invariant=self.invariant)
         if ContextBatch.worth_it(prefills):
             meta.context_batch = ContextBatch.build(prefills)
