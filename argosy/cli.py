@@ -48,8 +48,9 @@ _HIDDEN_FIELDS = {"operator_sampling", "model"}  # --model is repeatable: see mo
 _HELP = {
     "model": "a registered name (smollm2), a .gguf file or a Hugging Face folder",
     "native_ops": "on | off: Argosy's C++ CPU ops (built on first use); off: the Python ops",
-    "numerics": "fast | invariant (the same tokens and logprobs for a request whatever its batch, "
-    "prompt chunking or cache hits; needs the native ops)",
+    "numerics": "auto | fast | invariant (the same tokens and logprobs for a request whatever its batch, "
+    "prompt chunking or cache hits; needs the native ops and quantized weights). auto: invariant "
+    "where the weights are quantized (a GGUF's Q4 blocks) and it can run, else fast",
     "max_loaded_models": "most models loaded at once; past it the least recently used unpinned one is unloaded",
     "max_loaded_memory": "bytes of loaded models (weights + KV pool) before the least recently used is unloaded",
     "max_concurrent_loads": "model loads running at once",

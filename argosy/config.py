@@ -24,12 +24,15 @@ class EngineConfig:
     # on | off: Argosy's C++ ops (argosy/ops/csrc), built on first use; off: the Python ops.
     # Process-wide (argosy/process.py), set from the first model's config.
     native_ops: str = "on"
-    # fast | invariant. invariant: a request's tokens and logprobs are bit-identical whatever
-    # runs beside it, however its prompt is split into chunks and whether its prefix came from
-    # the cache (int4/int8 layers on the invariant kernels, csrc/iq_linear.cpp, for every row
-    # count; every token's attention as a decode row of the one native kernel; the compiled
-    # step rounding as eager does). Needs the native ops; without them it is refused at load.
-    numerics: str = "fast"
+    # auto | fast | invariant. invariant: a request's tokens and logprobs are bit-identical
+    # whatever runs beside it, however its prompt is split into chunks and whether its prefix
+    # came from the cache (int4/int8 layers on the invariant kernels, csrc/iq_linear.cpp, for
+    # every row count; every token's attention as a decode row of one native kernel,
+    # csrc/iq_attention.cpp; a float32 residual stream; the compiled step rounding as eager
+    # does). Needs the native ops and quantized weights; asked for where it cannot run, it is
+    # refused at load. auto (the default): invariant where the weights are quantized (a GGUF's
+    # Q4 blocks) and it can run, else fast (models/build.py resolve_numerics).
+    numerics: str = "auto"
     max_model_len: int | None = None  # None: the model's own context length
     block_size: int = 16
     # bytes for K and V across all layers. The pool's pages become resident as blocks are first
@@ -69,9 +72,9 @@ class EngineConfig:
             )
         if self.compile not in ("off", "on"):
             raise InvalidRequestError(f"compile must be off or on, got {self.compile!r}", "compile")
-        if self.numerics not in ("fast", "invariant"):
+        if self.numerics not in ("auto", "fast", "invariant"):
             raise InvalidRequestError(
-                f"numerics must be fast or invariant, got {self.numerics!r}", "numerics"
+                f"numerics must be auto, fast or invariant, got {self.numerics!r}", "numerics"
             )
         if self.native_ops not in ("off", "on"):
             raise InvalidRequestError(f"native_ops must be off or on, got {self.native_ops!r}", "native_ops")

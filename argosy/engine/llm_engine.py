@@ -7,6 +7,7 @@ drives it from a single thread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -16,7 +17,13 @@ from argosy.engine.outputs import EngineStats, ModelDescription, RequestOutput
 from argosy.engine.scheduler import Scheduler, SchedulerOutput
 from argosy.engine.sequence import Sequence
 from argosy.errors import ContextLengthExceededError, InvalidRequestError
-from argosy.models.build import describe_weights, load_model, max_int4_rows, model_memory_bytes, resolve_dtype
+from argosy.models.build import (
+    describe_weights,
+    load_model,
+    max_int4_rows,
+    model_memory_bytes,
+    resolve_numerics,
+)
 from argosy.models.source import ModelSource
 from argosy.ops.memory import release_free_memory
 from argosy.ops.native import native_ops_path
@@ -37,8 +44,9 @@ class LLMEngine:
 
             source = resolve_model(config.model, config.cache_dir)
         self.source = source
-        self.dtype = resolve_dtype(config.dtype, config.device)
-        self.invariant = config.numerics == "invariant"
+        self.invariant, self.dtype = resolve_numerics(
+            config.numerics, config.dtype, config.device, config.quantization, source
+        )
         self.model = load_model(
             self.source,
             self.dtype,
@@ -192,6 +200,8 @@ class LLMEngine:
         if request_id in self.sequences:
             raise InvalidRequestError(f"Request id {request_id!r} is already in flight.")
         self.validate(prompt_token_ids, params, qos)
+        if params.batch_invariant and self.invariant:  # every request already is: no need to run alone
+            params = dataclasses.replace(params, batch_invariant=False)
         seq = Sequence(request_id, list(prompt_token_ids), params, qos=qos, guide=guide)
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs.append(None)

@@ -49,6 +49,45 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return torch.bfloat16 if has_bf16 else torch.float32
 
 
+def invariant_unavailable(dtype: torch.dtype, device: str, quantization: str) -> str | None:
+    """Why the invariant numerics cannot run with these settings here; None when they can."""
+    if device != "cpu":
+        return f"its kernels are CPU kernels (device {device})"
+    if quantization == "none":
+        return "it runs the quantized kernels: use --quantization auto, int4 or int8"
+    if dtype != torch.bfloat16:
+        return "it holds weights and KV cache in bfloat16: use --dtype bfloat16 or auto"
+    if not invariant_qlinear(dtype):
+        return "its kernels need the native ops (a C++ compiler, --native-ops on); none built here"
+    return None
+
+
+def resolve_numerics(
+    numerics: str, dtype_name: str, device: str, quantization: str, source: ModelSource
+) -> tuple[bool, torch.dtype]:
+    """(invariant?, the model dtype) for `--numerics`: fast; invariant (refused with the
+    reason where it cannot run); auto, the default: invariant where the weights are quantized
+    (a GGUF's Q4 blocks under quantization auto, or int4/int8 asked) and its kernels run here,
+    else fast (float weights stay float: the invariant kernels are quantized ones). The
+    invariant mode computes in int8 and float32 and stores bfloat16 (no bf16 arithmetic),
+    so dtype auto is bfloat16 for it on any CPU."""
+    dtype = resolve_dtype(dtype_name, device)
+    if numerics == "fast":
+        return False, dtype
+    storage = torch.bfloat16 if dtype_name == "auto" and device == "cpu" else dtype
+    why = invariant_unavailable(storage, device, quantization)
+    if numerics == "invariant":
+        if why is not None:
+            raise ModelLoadError(f"--numerics invariant: {why}")
+        return True, storage
+    quantized = quantization in ("int4", "int8") or (
+        quantization == "auto" and (Path(source.weights_dir) / INT4_FILE).exists()
+    )
+    if quantized and why is not None:
+        log.info("numerics: fast, not invariant (%s)", why)
+    return (True, storage) if quantized and why is None else (False, dtype)
+
+
 # int4 weights serve steps of up to this many rows, packed bf16 the rest: torch's int4 kernel
 # slows with every row (4 measured best, bench/engine.py); the native one (AMX) stays ahead
 # of the bf16 GEMM up to 32 (30 layers of SmolLM2's shapes, cold weights, ad-hoc
@@ -98,12 +137,8 @@ def load_model(
     model.load_weights(weights())
     model = model.to(device=device, dtype=dtype).eval()
     pack = pack and packing_supported(dtype, device)
-    if invariant and quantization == "none":
-        raise ModelLoadError(
-            "--numerics invariant runs the quantized kernels: use --quantization auto, int4 or int8"
-        )
-    if invariant and not invariant_qlinear(dtype):
-        raise ModelLoadError("--numerics invariant needs the native ops (a C++ compiler); none built here")
+    if invariant and (why := invariant_unavailable(dtype, device, quantization)) is not None:
+        raise ModelLoadError(f"--numerics invariant: {why}")
     _quantize(
         model, source, dtype, device, quantization, max_int4_rows(dtype, invariant) if pack else 0, invariant
     )

@@ -1,13 +1,13 @@
 """The seeded-request invariant: the same request with the same `seed` gives the same text
 whether or not its prefix was cached and whatever else runs beside it.
 
-Beside other requests it holds today with `batch_invariant` (the request is scheduled alone).
-Across a prefix-cache hit it does not hold yet, in bf16 as in the default mode: the miss runs
-the whole prompt as one prefill (81 rows), the hit only its uncached tail (1 row), and the
-matmul and attention kernels round differently for the two shapes (measured 2026-12-01 on this
-prompt: the hit's text differs from the miss's in both modes). Those tests are strict xfails on
-the numerics issue (issue 16): once it makes the kernels shape-invariant they pass, strict
-turns the pass into a failure, and the marker must go, so the invariant then stays fixed.
+This file's server runs bf16 weights (quantization none), so numerics fast: beside other
+requests the invariant holds there with `batch_invariant` (the request is scheduled alone);
+across a prefix-cache hit it does not: the miss runs the whole prompt as one prefill (81 rows),
+the hit only its uncached tail (1 row), and the bf16 matmul and attention kernels round
+differently for the two shapes (measured 2026-12-01: the hit's text differs). That test is a
+strict xfail: it documents what fast numerics cost. The default mode on the default model
+(numerics invariant) holds both without asking: tests/e2e/test_default_mode_server.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ SEEDED = {"messages": [{"role": "user", "content": PROMPT}], "temperature": 0.9,
 NEIGHBOURS = [f"Write one sentence about the number {i}." for i in range(6)]
 CACHE_HIT_XFAIL = pytest.mark.xfail(
     strict=True,
-    reason="issue 16: a prefix-cache hit runs the prompt's uncached tail through kernels whose "
+    reason="numerics fast: a prefix-cache hit runs the prompt's uncached tail through kernels whose "
     "rounding depends on the row count, so the seeded text changes",
 )
 

@@ -7,6 +7,7 @@ request too. The compiled decode step is held to the same by bench/batch_flips.p
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -133,3 +134,12 @@ def test_the_mode_is_described(llm: LLMEngine) -> None:
     assert description.deterministic
     assert description.kernels.startswith("native+invariant-")
     assert "invariant kernels" in llm.weights
+
+
+def test_batch_invariant_is_accepted_and_needs_no_solo_steps(llm: LLMEngine, prompt: list[int]) -> None:
+    """Every request of an invariant engine already is: the flag no longer makes the scheduler
+    run it alone (its steps would cost the others throughput for nothing)."""
+    solo = dataclasses.replace(params(), batch_invariant=True)
+    llm.add_request("flagged", prompt, solo)
+    assert llm.sequences["flagged"].params.batch_invariant is False
+    llm.abort("flagged")
