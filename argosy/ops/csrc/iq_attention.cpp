@@ -14,12 +14,12 @@
 // exp_argosy uses only +, -, * and round-to-nearest (no fma), and the max is exact in any order.
 // A lane's chain starts from 0 (scalar: fma(q, k, 0)) or from the plain product (vector): the
 // same value, as a bf16 x bf16 product is exact in fp32 or rounds alike (only a zero's sign can
-// differ, and that cannot reach p). attend_scalar is the statement (the scalar and avx2 paths);
-// the AVX-512 path (avx512-vnni, amx-int8) does the same operations on 16 values at a time and
-// agrees with it bit for bit, for every head dim the op takes (16, 32, ..., 128) and any number
-// of query heads per KV head. Rows sharing a block table are cut into tiles (one KV head each)
-// that the threads take longest first; a row's result depends on nothing else in the call: not
-// the other rows, the tiling or the thread count.
+// differ, and that cannot reach p). attend_scalar is the statement; the AVX-512 path
+// (avx512-vnni, amx-int8) and the AVX2 + FMA path (avx2) do the same operations on 16 or 8 values
+// at a time and agree with it bit for bit, for every head dim the op takes (16, 32, ..., 128) and
+// any number of query heads per KV head. Rows sharing a block table are cut into tiles (one KV
+// head each) that the threads take longest first; a row's result depends on nothing else in the
+// call: not the other rows, the tiling or the thread count.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -129,11 +129,11 @@ void attend_scalar(const Rows& a, int64_t r0, int64_t r1, int64_t h) {
   }
 }
 
-// -- the vector path (AVX-512) ---------------------------------------------------------------------
+// -- the vector paths (AVX-512 and AVX2 + FMA) ----------------------------------------------------
 //
 // A tile is a few rows sharing a block table, for one KV head. Its positions are taken kChunk at a
 // time as fp32: K transposed (kt[d * kChunk + i]: one vector holds one dimension of W consecutive
-// positions, W = 16) and V as rows (vf[i * dim + d]). So a score vector holds W positions:
+// positions, W = 16 or 8) and V as rows (vf[i * dim + d]). So a score vector holds W positions:
 // lane l's chain over c is a chain of vector fmas, tree16 over the lanes is vertical adds of the 16
 // lane vectors, and every position gets the operations of the definition, in its order. The
 // weighted sum of V holds W dimensions of a row and head per vector. A run of rows sharing a table
@@ -460,7 +460,247 @@ ARGOSY_ATTN512 void values512(int64_t count, const float* p, int64_t p_stride, c
     pv512_up_to<C, NV>(count - rg, p + rg * p_stride, p_stride, vf, len + rg, j0, acc + rg * C * kLanes);
 }
 
-// -- a tile --
+// -- AVX2 + FMA --
+
+#define ARGOSY_ATTN256 __attribute__((target("avx2,fma,f16c")))
+
+constexpr int kW8 = 8;
+
+ARGOSY_ATTN256 inline __m256 load_bf16x8(const uint16_t* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+ARGOSY_ATTN256 inline __m256 exp256(__m256 x) {  // exp512's operations, 8 lanes
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(kC1)));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(kC2)));
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// r[e] <- column e of the 8 x 8 matrix whose rows are r[0..7]
+ARGOSY_ATTN256 __attribute__((always_inline)) inline void transpose8(__m256* r) {
+  __m256 t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int m = 0; m < 2; ++m) {  // u[4m + e], 128-bit lane L: column 4L + e of rows 4m .. 4m + 3
+    u[4 * m] = _mm256_shuffle_ps(t[4 * m], t[4 * m + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * m + 1] = _mm256_shuffle_ps(t[4 * m], t[4 * m + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * m + 2] = _mm256_shuffle_ps(t[4 * m + 1], t[4 * m + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * m + 3] = _mm256_shuffle_ps(t[4 * m + 1], t[4 * m + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+#pragma GCC unroll 4
+  for (int e = 0; e < 4; ++e) {
+    r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
+    r[4 + e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
+  }
+}
+
+template <int C>
+ARGOSY_ATTN256 void chunk256(const Rows& a, const int64_t* table, int64_t h, int64_t j0, int64_t count,
+                             float* kt, float* vf) {
+  constexpr int64_t dim = C * kLanes;
+  int64_t off[kChunk];
+  offsets(a, table, h, j0, count, off);
+  if (kt != nullptr)  // 8 positions x 8 bf16 pairs (16 dims) at a time, transposed as 32-bit words
+    for (int64_t i0 = 0; i0 < kChunk; i0 += kW8)
+      for (int64_t d0 = 0; d0 < dim; d0 += 2 * kW8) {
+        __m256 r[kW8];
+#pragma GCC unroll 8
+        for (int i = 0; i < kW8; ++i)
+          r[i] = i0 + i < count ? _mm256_loadu_ps(reinterpret_cast<const float*>(a.k_cache + off[i0 + i] + d0))
+                                : _mm256_setzero_ps();
+        transpose8(r);  // r[e]: dims d0 + 2e (low half) and d0 + 2e + 1 (high half) of the 8 positions
+#pragma GCC unroll 8
+        for (int e = 0; e < kW8; ++e) {
+          const __m256i pair = _mm256_castps_si256(r[e]);
+          _mm256_store_ps(kt + (d0 + 2 * e) * kChunk + i0, _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16)));
+          _mm256_store_ps(kt + (d0 + 2 * e + 1) * kChunk + i0,
+                          _mm256_castsi256_ps(_mm256_and_si256(pair, _mm256_set1_epi32(-65536))));
+        }
+      }
+  if (vf != nullptr)
+    for (int64_t i = 0; i < count; ++i)
+#pragma GCC unroll 16
+      for (int c = 0; c < 2 * C; ++c)
+        _mm256_store_ps(vf + i * dim + c * kW8, load_bf16x8(a.v_cache + off[i] + c * kW8));
+}
+
+template <int C, int NB>
+ARGOSY_ATTN256 ARGOSY_ATTN_SCHED void qk256(const float* q, const float* kt, float* out, float scale) {
+  __m256 s01[NB], s23[NB];
+#pragma GCC unroll 4
+  for (int quad = 0; quad < 4; ++quad) {
+    __m256 half[NB];  // a0 + a2, then + (a1 + a3)
+#pragma GCC unroll 2
+    for (int odd = 0; odd < 2; ++odd) {
+      __m256 acc[NB][2];  // lanes 4 quad + odd and 4 quad + odd + 2
+#pragma GCC unroll 2
+      for (int e = 0; e < 2; ++e)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          const int d = c * kLanes + 4 * quad + odd + 2 * e;
+          const __m256 qb = _mm256_broadcast_ss(q + d);
+#pragma GCC unroll 4
+          for (int b = 0; b < NB; ++b) {  // the chain's first term a plain product (exact: bf16 x bf16)
+            const __m256 k = _mm256_load_ps(kt + d * kChunk + b * kW8);
+            acc[b][e] = c == 0 ? _mm256_mul_ps(qb, k) : _mm256_fmadd_ps(qb, k, acc[b][e]);
+          }
+        }
+#pragma GCC unroll 4
+      for (int b = 0; b < NB; ++b) {
+        const __m256 pair = _mm256_add_ps(acc[b][0], acc[b][1]);
+        half[b] = odd == 0 ? pair : _mm256_add_ps(half[b], pair);
+      }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b) {  // tree16: s_quad = (a0 + a2) + (a1 + a3), then (s0 + s1) + (s2 + s3)
+      if (quad == 0) s01[b] = half[b];
+      else if (quad == 1) s01[b] = _mm256_add_ps(s01[b], half[b]);
+      else if (quad == 2) s23[b] = half[b];
+      else s23[b] = _mm256_add_ps(s23[b], half[b]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int b = 0; b < NB; ++b)
+    _mm256_store_ps(out + b * kW8, _mm256_mul_ps(_mm256_add_ps(s01[b], s23[b]), _mm256_set1_ps(scale)));
+}
+
+ARGOSY_ATTN256 ARGOSY_ATTN_SCHED float softmax256(float* sc, int64_t n) {
+  const int64_t full = n / kW8 * kW8;
+  float mx = sc[0];
+  if (full > 0) {
+    __m256 m0 = _mm256_load_ps(sc), m1 = m0, m2 = m0, m3 = m0;
+    int64_t j0 = kW8;
+    for (; j0 + 4 * kW8 <= full; j0 += 4 * kW8) {
+      m0 = _mm256_max_ps(m0, _mm256_load_ps(sc + j0));
+      m1 = _mm256_max_ps(m1, _mm256_load_ps(sc + j0 + kW8));
+      m2 = _mm256_max_ps(m2, _mm256_load_ps(sc + j0 + 2 * kW8));
+      m3 = _mm256_max_ps(m3, _mm256_load_ps(sc + j0 + 3 * kW8));
+    }
+    for (; j0 < full; j0 += kW8) m0 = _mm256_max_ps(m0, _mm256_load_ps(sc + j0));
+    alignas(32) float lanes[kW8];
+    _mm256_store_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+    for (int l = 0; l < kW8; ++l) mx = std::max(mx, lanes[l]);
+  }
+  for (int64_t j = full; j < n; ++j) mx = std::max(mx, sc[j]);
+  const __m256 m = _mm256_set1_ps(mx);
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();  // lanes j mod 16 = 0..7, 8..15
+  int64_t j0 = 0;
+  for (; j0 + 2 * kW8 <= n; j0 += 2 * kW8) {
+    const __m256 p0 = exp256(_mm256_sub_ps(_mm256_load_ps(sc + j0), m));
+    const __m256 p1 = exp256(_mm256_sub_ps(_mm256_load_ps(sc + j0 + kW8), m));
+    _mm256_store_ps(sc + j0, p0);
+    _mm256_store_ps(sc + j0 + kW8, p1);
+    lo = _mm256_add_ps(lo, p0);
+    hi = _mm256_add_ps(hi, p1);
+  }
+  for (; j0 < n; j0 += kW8) {  // j0 a multiple of 16 then 8
+    __m256 p = exp256(_mm256_sub_ps(_mm256_load_ps(sc + j0), m));
+    if (n - j0 < kW8)
+      p = _mm256_and_ps(p, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - j0)), iota)));
+    _mm256_store_ps(sc + j0, p);
+    if ((j0 / kW8) % 2 == 0) lo = _mm256_add_ps(lo, p);
+    else hi = _mm256_add_ps(hi, p);
+  }
+  alignas(32) float parts[kLanes];
+  _mm256_store_ps(parts, lo);
+  _mm256_store_ps(parts + kW8, hi);
+  return 1.0f / tree16(parts);
+}
+
+// pv512's sum for K vectors of dimensions (at vf, acc; rows dim apart)
+template <int K, int NV>
+ARGOSY_ATTN256 inline void pv256(const float* p, int64_t p_stride, const float* vf, int64_t dim, const int64_t* len,
+                                 int64_t j0, float* acc) {
+  int64_t count[NV], lo = kChunk, hi = 0;
+  for (int v = 0; v < NV; ++v) {
+    count[v] = std::clamp<int64_t>(len[v] - j0, 0, kChunk);
+    lo = std::min(lo, count[v]);
+    hi = std::max(hi, count[v]);
+  }
+  if (hi == 0) return;
+  __m256 ac[NV][K];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 4
+    for (int k = 0; k < K; ++k) ac[v][k] = _mm256_load_ps(acc + v * dim + k * kW8);
+  for (int64_t i = 0; i < lo; ++i) {
+    __m256 vv[K];
+#pragma GCC unroll 4
+    for (int k = 0; k < K; ++k) vv[k] = _mm256_load_ps(vf + i * dim + k * kW8);
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const __m256 pb = _mm256_broadcast_ss(p + v * p_stride + i);
+#pragma GCC unroll 4
+      for (int k = 0; k < K; ++k) ac[v][k] = _mm256_fmadd_ps(pb, vv[k], ac[v][k]);
+    }
+  }
+  for (int64_t i = lo; i < hi; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      if (i >= count[v]) continue;
+      const __m256 pb = _mm256_broadcast_ss(p + v * p_stride + i);
+#pragma GCC unroll 4
+      for (int k = 0; k < K; ++k) ac[v][k] = _mm256_fmadd_ps(pb, _mm256_load_ps(vf + i * dim + k * kW8), ac[v][k]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 4
+    for (int k = 0; k < K; ++k) _mm256_store_ps(acc + v * dim + k * kW8, ac[v][k]);
+}
+
+template <int K, int NV>
+ARGOSY_ATTN256 inline void pv256_up_to(int64_t nv, const float* p, int64_t p_stride, const float* vf, int64_t dim,
+                                       const int64_t* len, int64_t j0, float* acc) {
+  if constexpr (NV > 1)
+    if (nv < NV) return pv256_up_to<K, NV - 1>(nv, p, p_stride, vf, dim, len, j0, acc);
+  pv256<K, NV>(p, p_stride, vf, dim, len, j0, acc);
+}
+
+template <int C>
+ARGOSY_ATTN256 void widen256(const uint16_t* src, float* dst) {
+  for (int c = 0; c < 2 * C; ++c) _mm256_store_ps(dst + c * kW8, load_bf16x8(src + c * kW8));
+}
+
+template <int C>
+ARGOSY_ATTN256 void scores256(const float* q, const float* kt, float* out, int64_t blocks, float scale) {
+  for (int64_t b = 0; b < blocks; ++b) qk256<C, 2>(q, kt + b * kLanes, out + b * kLanes, scale);
+}
+
+// 32 dimensions at a time (16 for the last of an odd C), 3 (or 4) pairs sharing each V load
+template <int C>
+ARGOSY_ATTN256 void values256(int64_t count, const float* p, int64_t p_stride, const float* vf, const int64_t* len,
+                              int64_t j0, float* acc) {
+  constexpr int64_t dim = C * kLanes;
+  for (int64_t d0 = 0; d0 < dim; d0 += 4 * kW8) {
+    if (dim - d0 >= 4 * kW8)
+      for (int64_t rg = 0; rg < count; rg += 3)
+        pv256_up_to<4, 3>(count - rg, p + rg * p_stride, p_stride, vf + d0, dim, len + rg, j0, acc + rg * dim + d0);
+    else
+      for (int64_t rg = 0; rg < count; rg += 4)
+        pv256_up_to<2, 4>(count - rg, p + rg * p_stride, p_stride, vf + d0, dim, len + rg, j0, acc + rg * dim + d0);
+  }
+}
+
+// -- a tile, either path --
 
 template <int C>
 struct Avx512 {
@@ -469,6 +709,15 @@ struct Avx512 {
   static constexpr auto scores = scores512<C>;
   static constexpr auto softmax = softmax512;
   static constexpr auto values = values512<C>;
+};
+
+template <int C>
+struct Avx2 {
+  static constexpr auto widen = widen256<C>;
+  static constexpr auto chunk = chunk256<C>;
+  static constexpr auto scores = scores256<C>;
+  static constexpr auto softmax = softmax256;
+  static constexpr auto values = values256<C>;
 };
 
 // rows [r0, r1) sharing a table, kv head h, as (row, query head) pairs rg = (r - r0) * group + g:
@@ -539,6 +788,7 @@ Kernels pick_dim(int64_t dim) {
 
 inline Kernels pick(int64_t path, int64_t dim) {
   if (path >= kAvx512) return pick_dim<Avx512>(dim);
+  if (path == kAvx2) return pick_dim<Avx2>(dim);
   return {};
 }
 
