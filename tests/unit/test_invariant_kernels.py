@@ -206,7 +206,7 @@ def attention_case(seed: int, dim: int = 64, heads: int = 9, kv_heads: int = 3):
     return q, k, v, k_cache, v_cache, slots, block_ids.view(-1), mask
 
 
-def attend(case, rows: slice | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def attend(case, rows: slice | torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
     q, k, v, k_cache, v_cache, slots, block_ids, mask = case
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
     k_cache[slots], v_cache[slots] = k, v  # every row's K/V in place, as a whole step writes them
@@ -251,3 +251,84 @@ def test_attention_is_softmax_attention_over_each_rows_visible_positions() -> No
         weights = torch.softmax(torch.einsum("hd,nhd->hn", q[i].double(), keys) / dim**0.5, dim=-1)
         expected = torch.einsum("hn,nhd->hd", weights, values).reshape(-1)
         torch.testing.assert_close(got[i], expected, rtol=2**-7, atol=2e-3)
+
+
+def paged_case(seed: int, rooms: list[int], rows: list[tuple[int, int]], dim: int, heads: int, kv_heads: int):  # type: ignore[no-untyped-def]
+    """Sequences with `rooms[s]` positions of room in shuffled cache blocks; a row (s, n) of
+    sequence s sees its positions 0 .. n - 1 (n = 0: none) and writes its K/V at n - 1 (or 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = [-(-room // BLOCK) for room in rooms]
+    num_blocks = sum(counts)
+    k_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=gen).bfloat16()
+    v_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=gen).bfloat16()
+    order = torch.randperm(num_blocks, generator=gen)
+    tables = list(order.split(counts))
+    max_blocks = max(counts)
+    block_ids = torch.zeros(len(rows), max_blocks, dtype=torch.long)
+    mask = torch.zeros(len(rows), 1, 1, max_blocks * BLOCK, dtype=torch.bool)
+    slots = torch.empty(len(rows), dtype=torch.long)
+    for i, (s, n) in enumerate(rows):
+        block_ids[i, : counts[s]] = tables[s]
+        mask[i, 0, 0, :n] = True
+        p = max(n - 1, 0)
+        slots[i] = tables[s][p // BLOCK] * BLOCK + p % BLOCK
+    # scores of a few units: an fp32 rounding step taken differently shows in the bf16 output
+    q = (torch.randn(len(rows), heads, dim, generator=gen) * 4).bfloat16()
+    k = torch.randn(len(rows), kv_heads, dim, generator=gen).bfloat16()
+    v = torch.randn(len(rows), kv_heads, dim, generator=gen).bfloat16()
+    return q, k, v, k_cache, v_cache, slots, block_ids.view(-1), mask
+
+
+def assert_every_path_gives_the_reference_bits(paths: list[str], case) -> None:  # type: ignore[no-untyped-def]
+    """Each path equals the scalar statement bit for bit, and a row's bits do not depend on
+    which rows share its call (alone, reversed, every third), nor on the thread count."""
+    torch.ops.argosy_iq.set_path("scalar")
+    reference = attend(case)
+    count = reference.shape[0]
+    threads = torch.get_num_threads()
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        assert torch.equal(bits(attend(case)), bits(reference)), path
+        alone = torch.cat([attend(case, slice(i, i + 1)) for i in range(count)])
+        assert torch.equal(bits(alone), bits(reference)), path
+        backwards = torch.arange(count - 1, -1, -1)
+        assert torch.equal(bits(attend(case, backwards)), bits(reference[backwards])), path
+        assert torch.equal(bits(attend(case, slice(1, None, 3))), bits(reference[1::3])), path
+        torch.set_num_threads(1)
+        try:
+            assert torch.equal(bits(attend(case)), bits(reference)), (path, "one thread")
+        finally:
+            torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+def test_attention_decode_rows_give_the_reference_bits_on_every_path(
+    paths: list[str], dim: int, group: int
+) -> None:
+    """One row per sequence (a decode step): lengths around the 16-position lanes and the
+    64-position chunks, and a row that sees nothing."""
+    lengths = [1, 7, 15, 16, 17, 31, 33, 63, 64, 65, 100, 129, 0] + list(range(40, 300, 9))
+    case = paged_case(dim + group, [max(n, 1) for n in lengths], list(enumerate(lengths)), dim, 4 * group, 4)
+    assert_every_path_gives_the_reference_bits(paths, case)
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+@pytest.mark.parametrize("start", [0, 89])
+def test_attention_prefill_rows_give_the_reference_bits_on_every_path(
+    paths: list[str], dim: int, group: int, start: int
+) -> None:
+    """Many rows of one sequence (a prefill chunk from position `start`), each seeing up to
+    itself, so rows share K/V loads; plus a decode row of another sequence in the same call."""
+    rows = [(0, n) for n in range(start + 1, start + 72)] + [(1, 45)]
+    case = paged_case(3 * dim + group + start, [start + 71, 45], rows, dim, 4 * group, 4)
+    assert_every_path_gives_the_reference_bits(paths, case)
+
+
+@pytest.mark.parametrize("dim", [16, 32, 48, 80, 96, 112])
+def test_attention_other_head_dims_give_the_reference_bits_on_every_path(paths: list[str], dim: int) -> None:
+    """Every multiple of 16 up to 128 has a vector path: a prefill chunk and decode rows."""
+    rows = [(0, n) for n in range(30, 70)] + [(1, 1), (2, 77), (3, 0)]
+    case = paged_case(dim, [69, 1, 77, 1], rows, dim, 6, 2)
+    assert_every_path_gives_the_reference_bits(paths, case)

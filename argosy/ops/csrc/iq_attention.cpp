@@ -9,12 +9,17 @@
 // row, query head and position j < n, in fp32 (x_bf16 -> fp32 is exact):
 //   s_j = tree16(lane l: fma over c of q[16c + l] * k_j[16c + l], c in order) * scale
 //   m = max s_j;  p_j = exp_argosy(s_j - m);  l = tree16(lane i: sum over j = i mod 16, j in order)
-//   out[d] = (fma over j in order of p_j * v_j[d]) * (1 / l), rounded to the output dtype
-// tree16(a) = ((a0 + a2) + (a1 + a3)) + ((a4 + a6) + (a5 + a7)) + ... as the AVX-512 transpose
-// reduction pairs them (tree16 in iq_common.h is its scalar statement) and exp_argosy uses only
-// +, -, * and round-to-nearest (no fma), so the vector and scalar paths agree bit for bit. Rows
-// of one sequence are taken a few at a time to share K/V loads; nothing a row computes depends
-// on the others. Head dims that are multiples of 16 (64 and 128 here).
+//   out[d] = (fma over j in order of p_j * v_j[d]) * (1 / l), rounded to bf16 (half to even)
+// tree16(a) = ((a0 + a2) + (a1 + a3)) + ((a4 + a6) + (a5 + a7)) + ... (tree16 in iq_common.h),
+// exp_argosy uses only +, -, * and round-to-nearest (no fma), and the max is exact in any order.
+// A lane's chain starts from 0 (scalar: fma(q, k, 0)) or from the plain product (vector): the
+// same value, as a bf16 x bf16 product is exact in fp32 or rounds alike (only a zero's sign can
+// differ, and that cannot reach p). attend_scalar is the statement; the AVX-512 path
+// (avx512-vnni, amx-int8) and the AVX2 + FMA path (avx2) do the same operations on 16 or 8 values
+// at a time and agree with it bit for bit, for every head dim the op takes (16, 32, ..., 128) and
+// any number of query heads per KV head. Rows sharing a block table are cut into tiles (one KV
+// head each) that the threads take longest first; a row's result depends on nothing else in the
+// call: not the other rows, the tiling or the thread count.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -23,9 +28,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -121,26 +129,94 @@ void attend_scalar(const Rows& a, int64_t r0, int64_t r1, int64_t h) {
   }
 }
 
+// -- the vector paths (AVX-512 and AVX2 + FMA) ----------------------------------------------------
+//
+// A tile is a few rows sharing a block table, for one KV head. Its positions are taken kChunk at a
+// time as fp32: K transposed (kt[d * kChunk + i]: one vector holds one dimension of W consecutive
+// positions, W = 16 or 8) and V as rows (vf[i * dim + d]). So a score vector holds W positions:
+// lane l's chain over c is a chain of vector fmas, tree16 over the lanes is vertical adds of the 16
+// lane vectors, and every position gets the operations of the definition, in its order. The
+// weighted sum of V holds W dimensions of a row and head per vector. A run of rows sharing a table
+// that spans several tiles (a prefill) has its chunks made once per call and shared; otherwise a
+// tile makes its own, one chunk at a time (a decode row: its K and V read once either way).
+
+constexpr int64_t kChunk = 64;      // positions per chunk: a multiple of 16
+constexpr int64_t kTilePairs = 18;  // (row, query head) pairs per tile, about (a multiple of 6)
+
+struct Buffer {  // grow-only scratch, 64-byte aligned
+  std::unique_ptr<float[]> raw;
+  size_t size = 0;
+  float* data = nullptr;
+  float* get(size_t n) {
+    if (n > size) {
+      raw.reset(new float[n + 16]);
+      size = n;
+      data = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(raw.get()) + 63) & ~uintptr_t{63});
+    }
+    return data;
+  }
+};
+
+struct Scratch {  // per thread, kept between calls
+  Buffer q, scores, acc, chunk, inv;
+  std::vector<int64_t> lens;
+};
+
+inline Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// what a tile task needs: rows [r0, r1) sharing `table`, kv head h; `shared`: the run's chunks
+// for this head ([K^T chunk | V chunk] per chunk) or nullptr
+struct Tile {
+  const int64_t* table;
+  const float* shared;
+  int64_t r0, r1, h;
+};
+
+// k_cache / v_cache element offsets of kv head h at positions [j0, j0 + count)
+inline void offsets(const Rows& a, const int64_t* table, int64_t h, int64_t j0, int64_t count, int64_t* off) {
+  const int64_t stride = a.kv_heads * a.dim;
+  int64_t b = j0 / a.block_size, o = j0 % a.block_size;
+  for (int64_t i = 0; i < count; ++i) {
+    off[i] = (table[b] * a.block_size + o) * stride + h * a.dim;
+    if (++o == a.block_size) {
+      o = 0;
+      ++b;
+    }
+  }
+}
+
+// the (row, query head) pairs of a tile, rg = (r - r0) * group + g: their visible positions
+inline int64_t tile_lens(const Rows& a, const Tile& t, int64_t group, int64_t* len) {
+  int64_t n_max = 0;
+  for (int64_t rg = 0; rg < (t.r1 - t.r0) * group; ++rg) n_max = std::max(n_max, len[rg] = a.lens[t.r0 + rg / group]);
+  return n_max;
+}
+
+inline const uint16_t* q_row(const Rows& a, const Tile& t, int64_t group, int64_t rg) {
+  return a.q + ((t.r0 + rg / group) * a.heads + t.h * group + rg % group) * a.dim;
+}
+
+inline void store_row(const Rows& a, const Tile& t, int64_t group, int64_t rg, const float* values, float inv,
+                      int64_t n) {
+  uint16_t* dst = a.out + ((t.r0 + rg / group) * a.heads + t.h * group + rg % group) * a.dim;
+  for (int64_t d = 0; d < a.dim; ++d) dst[d] = n == 0 ? 0 : float_to_bf16(values[d] * inv);
+}
+
+// -- AVX-512 --
+
 #define ARGOSY_ATTN512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#if defined(__clang__)
+#define ARGOSY_ATTN_SCHED __attribute__((noinline))
+#else
+#define ARGOSY_ATTN_SCHED __attribute__((noinline, optimize("schedule-insns", "sched-pressure")))
+#endif
 
 ARGOSY_ATTN512 inline __m512 load_bf16(const uint16_t* p) {
   return _mm512_castsi512_ps(
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
-
-// 16 vectors -> lane i = tree16(v[i]) (the transpose reduction of csrc/paged_decode.cpp)
-ARGOSY_ATTN512 inline __m512 reduce16(const __m512* v) {
-  __m512 pairs[8], quads[4], halves[2];
-  for (int i = 0; i < 8; ++i)
-    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i)
-    quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  for (int i = 0; i < 2; ++i)
-    halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                              _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(halves[0], halves[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 ARGOSY_ATTN512 inline __m512 exp512(__m512 x) {
@@ -161,122 +237,570 @@ ARGOSY_ATTN512 inline __m512 exp512(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
 }
 
-constexpr int kMaxGroup = 8;   // query heads per KV head the vector path takes (else scalar)
-constexpr int kTileRows = 2;   // rows sharing each K/V load (their q and sums held in registers)
+// r[e] <- column e of the 16 x 16 matrix whose rows are r[0..15]
+ARGOSY_ATTN512 __attribute__((always_inline)) inline void transpose16(__m512* r) {
+  __m512 t[16], u[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m) {  // u[4m + e], 128-bit lane L: column 4L + e of rows 4m .. 4m + 3
+    u[4 * m] = _mm512_shuffle_ps(t[4 * m], t[4 * m + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * m + 1] = _mm512_shuffle_ps(t[4 * m], t[4 * m + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * m + 2] = _mm512_shuffle_ps(t[4 * m + 1], t[4 * m + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * m + 3] = _mm512_shuffle_ps(t[4 * m + 1], t[4 * m + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+#pragma GCC unroll 4
+  for (int e = 0; e < 4; ++e) {
+    const __m512 w0 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 w1 = _mm512_shuffle_f32x4(u[e], u[4 + e], _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512 x0 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512 x1 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], _MM_SHUFFLE(3, 1, 3, 1));
+    r[e] = _mm512_shuffle_f32x4(w0, x0, _MM_SHUFFLE(2, 0, 2, 0));
+    r[8 + e] = _mm512_shuffle_f32x4(w0, x0, _MM_SHUFFLE(3, 1, 3, 1));
+    r[4 + e] = _mm512_shuffle_f32x4(w1, x1, _MM_SHUFFLE(2, 0, 2, 0));
+    r[12 + e] = _mm512_shuffle_f32x4(w1, x1, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
 
-// rows [r0, r1) (at most kTileRows) share a block table; kv head h. R rows, G query heads per
-// KV head, C chunks of 16 in the head dim: compile-time, so q and the sums stay in registers.
-template <int R, int G, int C>
-ARGOSY_ATTN512 void attend_block(const Rows& a, int64_t r0, int64_t h) {
-  const int64_t dim = C * kLanes, stride = a.kv_heads * dim;
-  const int64_t* table = a.block_ids + r0 * a.max_blocks;
-  int64_t lens[R], n_max = 0;
-  for (int r = 0; r < R; ++r) n_max = std::max(n_max, lens[r] = a.lens[r0 + r]);
-  std::vector<int64_t> slot(static_cast<size_t>(n_max));
-  for (int64_t j = 0; j < n_max; ++j) slot[j] = slot_at(a, table, j) * stride + h * dim;
-  const int64_t padded = (n_max + kLanes - 1) / kLanes * kLanes;
-  std::vector<float> scores(static_cast<size_t>(R * G * padded));
-  __m512 qv[R][G][C];
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g)
-      for (int c = 0; c < C; ++c) qv[r][g][c] = load_bf16(a.q + ((r0 + r) * a.heads + h * G + g) * dim + c * kLanes);
-  // scores, 16 positions at a time: each position's 16 lanes, then the transpose reduction
-  alignas(64) __m512 lanes[R * G][kLanes];
-  const __m512 scale = _mm512_set1_ps(a.scale);
-  for (int64_t j0 = 0; j0 < n_max; j0 += kLanes) {
-    const int64_t count = std::min<int64_t>(kLanes, n_max - j0);
-    for (int64_t jj = 0; jj < kLanes; ++jj) {
-      if (jj >= count) {
-        for (int rg = 0; rg < R * G; ++rg) lanes[rg][jj] = _mm512_setzero_ps();
-        continue;
-      }
-      const uint16_t* kr = a.k_cache + slot[j0 + jj];
-      __m512 kv[C];
-      for (int c = 0; c < C; ++c) kv[c] = load_bf16(kr + c * kLanes);
-      for (int r = 0; r < R; ++r)
-        for (int g = 0; g < G; ++g) {
-          __m512 acc = _mm512_mul_ps(qv[r][g][0], kv[0]);  // exact: a bf16 product
-          for (int c = 1; c < C; ++c) acc = _mm512_fmadd_ps(qv[r][g][c], kv[c], acc);
-          lanes[r * G + g][jj] = acc;
+// positions [j0, j0 + count) of kv head h (count <= kChunk) as one chunk: K^T (zero past count), then V
+template <int C>
+ARGOSY_ATTN512 void chunk512(const Rows& a, const int64_t* table, int64_t h, int64_t j0, int64_t count,
+                             float* kt, float* vf) {
+  constexpr int64_t dim = C * kLanes;
+  int64_t off[kChunk];
+  offsets(a, table, h, j0, count, off);
+  if (kt != nullptr)  // 16 positions x 16 bf16 pairs (32 dims; 16 for the last of an odd C) at a time,
+    for (int64_t i0 = 0; i0 < kChunk; i0 += kLanes)  // transposed as 32-bit words
+      for (int64_t d0 = 0; d0 < dim; d0 += 2 * kLanes) {
+        const int pairs = dim - d0 >= 2 * kLanes ? kLanes : kLanes / 2;
+        __m512 r[kLanes];
+#pragma GCC unroll 16
+        for (int i = 0; i < kLanes; ++i) {
+          const float* src = reinterpret_cast<const float*>(a.k_cache + off[i0 + i] + d0);
+          r[i] = i0 + i >= count       ? _mm512_setzero_ps()
+                 : pairs == kLanes ? _mm512_loadu_ps(src)
+                                   : _mm512_zextps256_ps512(_mm256_loadu_ps(src));
         }
-    }
-    for (int rg = 0; rg < R * G; ++rg)
-      _mm512_storeu_ps(scores.data() + rg * padded + j0, _mm512_mul_ps(reduce16(lanes[rg]), scale));
-  }
-  // softmax per row and head
-  float inv[R][G];
-  for (int r = 0; r < R; ++r) {
-    const int64_t n = lens[r];
-    for (int g = 0; g < G; ++g) {
-      float* sc = scores.data() + (r * G + g) * padded;
-      inv[r][g] = 0.0f;
-      if (n == 0) continue;
-      float mx = sc[0];
-      for (int64_t j = 1; j < n; ++j) mx = std::max(mx, sc[j]);
-      const __m512 m = _mm512_set1_ps(mx);
-      __m512 partial = _mm512_setzero_ps();
-      for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
-        const __mmask16 valid = static_cast<__mmask16>(n - j0 >= kLanes ? 0xffff : (1u << (n - j0)) - 1u);
-        const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(_mm512_loadu_ps(sc + j0), m)));
-        _mm512_storeu_ps(sc + j0, p);  // lanes past n: 0, never read
-        partial = _mm512_add_ps(partial, p);
+        transpose16(r);  // r[e]: dims d0 + 2e (low half) and d0 + 2e + 1 (high half) of the 16 positions
+        for (int e = 0; e < pairs; ++e) {
+          const __m512i pair = _mm512_castps_si512(r[e]);
+          _mm512_store_ps(kt + (d0 + 2 * e) * kChunk + i0, _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)));
+          _mm512_store_ps(kt + (d0 + 2 * e + 1) * kChunk + i0,
+                          _mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(-65536))));
+        }
       }
-      alignas(64) float parts[kLanes];
-      _mm512_store_ps(parts, partial);
-      inv[r][g] = 1.0f / tree16(parts);
+  if (vf != nullptr)
+    for (int64_t i = 0; i < count; ++i)
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c)
+        _mm512_store_ps(vf + i * dim + c * kLanes, load_bf16(a.v_cache + off[i] + c * kLanes));
+}
+
+// the scores of one (row, head) pair (q: fp32) at W * NB positions (kt: their first column of a
+// chunk). Not inlined, so its q broadcasts stay inside it; compiled with register-pressure-aware
+// scheduling (GCC otherwise spills a third of the accumulators)
+template <int C, int NB>
+ARGOSY_ATTN512 ARGOSY_ATTN_SCHED void qk512(const float* q, const float* kt, float* out, float scale) {
+  __m512 s01[NB], s23[NB];
+#pragma GCC unroll 4
+  for (int quad = 0; quad < 4; ++quad) {
+    __m512 half[NB];  // a0 + a2, then + (a1 + a3)
+#pragma GCC unroll 2
+    for (int odd = 0; odd < 2; ++odd) {
+      __m512 acc[NB][2];  // lanes 4 quad + odd and 4 quad + odd + 2
+#pragma GCC unroll 2
+      for (int e = 0; e < 2; ++e)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          const int d = c * kLanes + 4 * quad + odd + 2 * e;
+          const __m512 qb = _mm512_set1_ps(q[d]);
+#pragma GCC unroll 4
+          for (int b = 0; b < NB; ++b) {  // the chain's first term a plain product (exact: bf16 x bf16)
+            const __m512 k = _mm512_load_ps(kt + d * kChunk + b * kLanes);
+            acc[b][e] = c == 0 ? _mm512_mul_ps(qb, k) : _mm512_fmadd_ps(qb, k, acc[b][e]);
+          }
+        }
+#pragma GCC unroll 4
+      for (int b = 0; b < NB; ++b) {
+        const __m512 pair = _mm512_add_ps(acc[b][0], acc[b][1]);
+        half[b] = odd == 0 ? pair : _mm512_add_ps(half[b], pair);
+      }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b) {  // tree16: s_quad = (a0 + a2) + (a1 + a3), then (s0 + s1) + (s2 + s3)
+      if (quad == 0) s01[b] = half[b];
+      else if (quad == 1) s01[b] = _mm512_add_ps(s01[b], half[b]);
+      else if (quad == 2) s23[b] = half[b];
+      else s23[b] = _mm512_add_ps(s23[b], half[b]);
     }
   }
-  // the weighted sum of V: each V row loaded once for every row and head of the block
-  __m512 acc[R][G][C];
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g)
-      for (int c = 0; c < C; ++c) acc[r][g][c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n_max; ++j) {
-    const uint16_t* vr = a.v_cache + slot[j];
+#pragma GCC unroll 4
+  for (int b = 0; b < NB; ++b)
+    _mm512_store_ps(out + b * kLanes, _mm512_mul_ps(_mm512_add_ps(s01[b], s23[b]), _mm512_set1_ps(scale)));
+}
+
+// scores (n > 0 of them) -> p (zero from n to the next multiple of 16); returns 1 / l
+ARGOSY_ATTN512 ARGOSY_ATTN_SCHED float softmax512(float* sc, int64_t n) {
+  const int64_t full = n / kLanes * kLanes;
+  float mx = sc[0];
+  if (full > 0) {  // the max is exact in any order (a -0 / +0 tie gives the same p); four chains
+    __m512 m0 = _mm512_load_ps(sc), m1 = m0, m2 = m0, m3 = m0;
+    int64_t j0 = kLanes;
+    for (; j0 + 4 * kLanes <= full; j0 += 4 * kLanes) {
+      m0 = _mm512_max_ps(m0, _mm512_load_ps(sc + j0));
+      m1 = _mm512_max_ps(m1, _mm512_load_ps(sc + j0 + kLanes));
+      m2 = _mm512_max_ps(m2, _mm512_load_ps(sc + j0 + 2 * kLanes));
+      m3 = _mm512_max_ps(m3, _mm512_load_ps(sc + j0 + 3 * kLanes));
+    }
+    for (; j0 < full; j0 += kLanes) m0 = _mm512_max_ps(m0, _mm512_load_ps(sc + j0));
+    mx = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+  }
+  for (int64_t j = full; j < n; ++j) mx = std::max(mx, sc[j]);
+  const __m512 m = _mm512_set1_ps(mx);
+  __m512 partial = _mm512_setzero_ps();  // lane i: the sum over j = i mod 16, j in order
+  int64_t j0 = 0;
+  for (; j0 + 4 * kLanes <= n; j0 += 4 * kLanes) {  // four exps side by side (each a long chain)
+    __m512 p[4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) p[u] = exp512(_mm512_sub_ps(_mm512_load_ps(sc + j0 + u * kLanes), m));
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) {
+      _mm512_store_ps(sc + j0 + u * kLanes, p[u]);
+      partial = _mm512_add_ps(partial, p[u]);
+    }
+  }
+  for (; j0 < n; j0 += kLanes) {
+    const __mmask16 valid = static_cast<__mmask16>(n - j0 >= kLanes ? 0xffff : (1u << (n - j0)) - 1u);
+    const __m512 p = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(_mm512_load_ps(sc + j0), m)));
+    _mm512_store_ps(sc + j0, p);
+    partial = _mm512_add_ps(partial, p);
+  }
+  alignas(64) float parts[kLanes];
+  _mm512_store_ps(parts, partial);
+  return 1.0f / tree16(parts);
+}
+
+// acc[v] += p_v[i] * vf[i] over the chunk's positions i < len[v] - j0, for NV (row, head) pairs
+template <int C, int NV>
+ARGOSY_ATTN512 inline void pv512(const float* p, int64_t p_stride, const float* vf, const int64_t* len, int64_t j0,
+                                 float* acc) {
+  constexpr int dim = C * kLanes;
+  int64_t count[NV], lo = kChunk, hi = 0;
+  for (int v = 0; v < NV; ++v) {
+    count[v] = std::clamp<int64_t>(len[v] - j0, 0, kChunk);
+    lo = std::min(lo, count[v]);
+    hi = std::max(hi, count[v]);
+  }
+  if (hi == 0) return;
+  __m512 ac[NV][C];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) ac[v][c] = _mm512_load_ps(acc + v * dim + c * kLanes);
+  for (int64_t i = 0; i < lo; ++i) {  // every pair
     __m512 vv[C];
-    for (int c = 0; c < C; ++c) vv[c] = load_bf16(vr + c * kLanes);
-    for (int r = 0; r < R; ++r) {
-      if (j >= lens[r]) continue;
-      for (int g = 0; g < G; ++g) {
-        const __m512 pj = _mm512_set1_ps(scores[(r * G + g) * padded + j]);
-        for (int c = 0; c < C; ++c) acc[r][g][c] = _mm512_fmadd_ps(pj, vv[c], acc[r][g][c]);
-      }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) vv[c] = _mm512_load_ps(vf + i * dim + c * kLanes);
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const __m512 pb = _mm512_set1_ps(p[v * p_stride + i]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) ac[v][c] = _mm512_fmadd_ps(pb, vv[c], ac[v][c]);
     }
   }
-  alignas(64) float values[kLanes];
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g) {
-      uint16_t* dst = a.out + ((r0 + r) * a.heads + h * G + g) * dim;
-      const __m512 iv = _mm512_set1_ps(inv[r][g]);
-      for (int c = 0; c < C; ++c) {
-        _mm512_store_ps(values, _mm512_mul_ps(acc[r][g][c], iv));
-        for (int l = 0; l < kLanes; ++l) dst[c * kLanes + l] = float_to_bf16(values[l]);
-      }
+  for (int64_t i = lo; i < hi; ++i) {  // the pairs that still see position j0 + i
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      if (i >= count[v]) continue;
+      const __m512 pb = _mm512_set1_ps(p[v * p_stride + i]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) ac[v][c] = _mm512_fmadd_ps(pb, _mm512_load_ps(vf + i * dim + c * kLanes), ac[v][c]);
     }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) _mm512_store_ps(acc + v * dim + c * kLanes, ac[v][c]);
 }
 
-using Block = void (*)(const Rows&, int64_t, int64_t);
+// pv512 for nv <= NV pairs
+template <int C, int NV>
+ARGOSY_ATTN512 inline void pv512_up_to(int64_t nv, const float* p, int64_t p_stride, const float* vf,
+                                       const int64_t* len, int64_t j0, float* acc) {
+  if constexpr (NV > 1)
+    if (nv < NV) return pv512_up_to<C, NV - 1>(nv, p, p_stride, vf, len, j0, acc);
+  pv512<C, NV>(p, p_stride, vf, len, j0, acc);
+}
 
-template <int R, int C>
-Block pick_group(int64_t group) {
-  switch (group) {
-    case 1: return attend_block<R, 1, C>;
-    case 2: return attend_block<R, 2, C>;
-    case 3: return attend_block<R, 3, C>;
-    case 4: return attend_block<R, 4, C>;
-    case 5: return attend_block<R, 5, C>;
-    case 6: return attend_block<R, 6, C>;
-    case 7: return attend_block<R, 7, C>;
-    case 8: return attend_block<R, 8, C>;
-    default: return nullptr;
+// the pieces a tile takes from this path (called, not inlined: each carries its target)
+
+template <int C>
+ARGOSY_ATTN512 void widen512(const uint16_t* src, float* dst) {  // bf16 -> fp32 (exact)
+  for (int c = 0; c < C; ++c) _mm512_store_ps(dst + c * kLanes, load_bf16(src + c * kLanes));
+}
+
+// scores at the first 16 * blocks positions of a chunk
+template <int C>
+ARGOSY_ATTN512 void scores512(const float* q, const float* kt, float* out, int64_t blocks, float scale) {
+  if (blocks == 4) qk512<C, 4>(q, kt, out, scale);
+  else if (blocks == 3) qk512<C, 3>(q, kt, out, scale);
+  else if (blocks == 2) qk512<C, 2>(q, kt, out, scale);
+  else qk512<C, 1>(q, kt, out, scale);
+}
+
+// the weighted sums of `count` pairs over a chunk, NV pairs sharing each V row
+template <int C>
+ARGOSY_ATTN512 void values512(int64_t count, const float* p, int64_t p_stride, const float* vf, const int64_t* len,
+                              int64_t j0, float* acc) {
+  constexpr int NV = std::min(8, (29 - C) / C);  // accumulators + one V row + p in the 32 registers
+  for (int64_t rg = 0; rg < count; rg += NV)
+    pv512_up_to<C, NV>(count - rg, p + rg * p_stride, p_stride, vf, len + rg, j0, acc + rg * C * kLanes);
+}
+
+// -- AVX2 + FMA --
+
+#define ARGOSY_ATTN256 __attribute__((target("avx2,fma,f16c")))
+
+constexpr int kW8 = 8;
+
+ARGOSY_ATTN256 inline __m256 load_bf16x8(const uint16_t* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+ARGOSY_ATTN256 inline __m256 exp256(__m256 x) {  // exp512's operations, 8 lanes
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(kC1)));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(kC2)));
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// r[e] <- column e of the 8 x 8 matrix whose rows are r[0..7]
+ARGOSY_ATTN256 __attribute__((always_inline)) inline void transpose8(__m256* r) {
+  __m256 t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int m = 0; m < 2; ++m) {  // u[4m + e], 128-bit lane L: column 4L + e of rows 4m .. 4m + 3
+    u[4 * m] = _mm256_shuffle_ps(t[4 * m], t[4 * m + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * m + 1] = _mm256_shuffle_ps(t[4 * m], t[4 * m + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * m + 2] = _mm256_shuffle_ps(t[4 * m + 1], t[4 * m + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * m + 3] = _mm256_shuffle_ps(t[4 * m + 1], t[4 * m + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+#pragma GCC unroll 4
+  for (int e = 0; e < 4; ++e) {
+    r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
+    r[4 + e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
   }
 }
 
-// the vector block for `rows` rows (1 or 2), or nullptr (then the scalar statement)
-inline Block pick_block(int64_t rows, int64_t group, int64_t dim) {
-  if (dim == 64) return rows == 2 ? pick_group<2, 4>(group) : pick_group<1, 4>(group);
-  if (dim == 128) return rows == 2 ? pick_group<2, 8>(group) : pick_group<1, 8>(group);
-  return nullptr;
+template <int C>
+ARGOSY_ATTN256 void chunk256(const Rows& a, const int64_t* table, int64_t h, int64_t j0, int64_t count,
+                             float* kt, float* vf) {
+  constexpr int64_t dim = C * kLanes;
+  int64_t off[kChunk];
+  offsets(a, table, h, j0, count, off);
+  if (kt != nullptr)  // 8 positions x 8 bf16 pairs (16 dims) at a time, transposed as 32-bit words
+    for (int64_t i0 = 0; i0 < kChunk; i0 += kW8)
+      for (int64_t d0 = 0; d0 < dim; d0 += 2 * kW8) {
+        __m256 r[kW8];
+#pragma GCC unroll 8
+        for (int i = 0; i < kW8; ++i)
+          r[i] = i0 + i < count ? _mm256_loadu_ps(reinterpret_cast<const float*>(a.k_cache + off[i0 + i] + d0))
+                                : _mm256_setzero_ps();
+        transpose8(r);  // r[e]: dims d0 + 2e (low half) and d0 + 2e + 1 (high half) of the 8 positions
+#pragma GCC unroll 8
+        for (int e = 0; e < kW8; ++e) {
+          const __m256i pair = _mm256_castps_si256(r[e]);
+          _mm256_store_ps(kt + (d0 + 2 * e) * kChunk + i0, _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16)));
+          _mm256_store_ps(kt + (d0 + 2 * e + 1) * kChunk + i0,
+                          _mm256_castsi256_ps(_mm256_and_si256(pair, _mm256_set1_epi32(-65536))));
+        }
+      }
+  if (vf != nullptr)
+    for (int64_t i = 0; i < count; ++i)
+#pragma GCC unroll 16
+      for (int c = 0; c < 2 * C; ++c)
+        _mm256_store_ps(vf + i * dim + c * kW8, load_bf16x8(a.v_cache + off[i] + c * kW8));
+}
+
+template <int C, int NB>
+ARGOSY_ATTN256 ARGOSY_ATTN_SCHED void qk256(const float* q, const float* kt, float* out, float scale) {
+  __m256 s01[NB], s23[NB];
+#pragma GCC unroll 4
+  for (int quad = 0; quad < 4; ++quad) {
+    __m256 half[NB];  // a0 + a2, then + (a1 + a3)
+#pragma GCC unroll 2
+    for (int odd = 0; odd < 2; ++odd) {
+      __m256 acc[NB][2];  // lanes 4 quad + odd and 4 quad + odd + 2
+#pragma GCC unroll 2
+      for (int e = 0; e < 2; ++e)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          const int d = c * kLanes + 4 * quad + odd + 2 * e;
+          const __m256 qb = _mm256_broadcast_ss(q + d);
+#pragma GCC unroll 4
+          for (int b = 0; b < NB; ++b) {  // the chain's first term a plain product (exact: bf16 x bf16)
+            const __m256 k = _mm256_load_ps(kt + d * kChunk + b * kW8);
+            acc[b][e] = c == 0 ? _mm256_mul_ps(qb, k) : _mm256_fmadd_ps(qb, k, acc[b][e]);
+          }
+        }
+#pragma GCC unroll 4
+      for (int b = 0; b < NB; ++b) {
+        const __m256 pair = _mm256_add_ps(acc[b][0], acc[b][1]);
+        half[b] = odd == 0 ? pair : _mm256_add_ps(half[b], pair);
+      }
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b) {  // tree16: s_quad = (a0 + a2) + (a1 + a3), then (s0 + s1) + (s2 + s3)
+      if (quad == 0) s01[b] = half[b];
+      else if (quad == 1) s01[b] = _mm256_add_ps(s01[b], half[b]);
+      else if (quad == 2) s23[b] = half[b];
+      else s23[b] = _mm256_add_ps(s23[b], half[b]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int b = 0; b < NB; ++b)
+    _mm256_store_ps(out + b * kW8, _mm256_mul_ps(_mm256_add_ps(s01[b], s23[b]), _mm256_set1_ps(scale)));
+}
+
+ARGOSY_ATTN256 ARGOSY_ATTN_SCHED float softmax256(float* sc, int64_t n) {
+  const int64_t full = n / kW8 * kW8;
+  float mx = sc[0];
+  if (full > 0) {
+    __m256 m0 = _mm256_load_ps(sc), m1 = m0, m2 = m0, m3 = m0;
+    int64_t j0 = kW8;
+    for (; j0 + 4 * kW8 <= full; j0 += 4 * kW8) {
+      m0 = _mm256_max_ps(m0, _mm256_load_ps(sc + j0));
+      m1 = _mm256_max_ps(m1, _mm256_load_ps(sc + j0 + kW8));
+      m2 = _mm256_max_ps(m2, _mm256_load_ps(sc + j0 + 2 * kW8));
+      m3 = _mm256_max_ps(m3, _mm256_load_ps(sc + j0 + 3 * kW8));
+    }
+    for (; j0 < full; j0 += kW8) m0 = _mm256_max_ps(m0, _mm256_load_ps(sc + j0));
+    alignas(32) float lanes[kW8];
+    _mm256_store_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+    for (int l = 0; l < kW8; ++l) mx = std::max(mx, lanes[l]);
+  }
+  for (int64_t j = full; j < n; ++j) mx = std::max(mx, sc[j]);
+  const __m256 m = _mm256_set1_ps(mx);
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();  // lanes j mod 16 = 0..7, 8..15
+  int64_t j0 = 0;
+  for (; j0 + 2 * kW8 <= n; j0 += 2 * kW8) {
+    const __m256 p0 = exp256(_mm256_sub_ps(_mm256_load_ps(sc + j0), m));
+    const __m256 p1 = exp256(_mm256_sub_ps(_mm256_load_ps(sc + j0 + kW8), m));
+    _mm256_store_ps(sc + j0, p0);
+    _mm256_store_ps(sc + j0 + kW8, p1);
+    lo = _mm256_add_ps(lo, p0);
+    hi = _mm256_add_ps(hi, p1);
+  }
+  for (; j0 < n; j0 += kW8) {  // j0 a multiple of 16 then 8
+    __m256 p = exp256(_mm256_sub_ps(_mm256_load_ps(sc + j0), m));
+    if (n - j0 < kW8)
+      p = _mm256_and_ps(p, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - j0)), iota)));
+    _mm256_store_ps(sc + j0, p);
+    if ((j0 / kW8) % 2 == 0) lo = _mm256_add_ps(lo, p);
+    else hi = _mm256_add_ps(hi, p);
+  }
+  alignas(32) float parts[kLanes];
+  _mm256_store_ps(parts, lo);
+  _mm256_store_ps(parts + kW8, hi);
+  return 1.0f / tree16(parts);
+}
+
+// pv512's sum for K vectors of dimensions (at vf, acc; rows dim apart)
+template <int K, int NV>
+ARGOSY_ATTN256 inline void pv256(const float* p, int64_t p_stride, const float* vf, int64_t dim, const int64_t* len,
+                                 int64_t j0, float* acc) {
+  int64_t count[NV], lo = kChunk, hi = 0;
+  for (int v = 0; v < NV; ++v) {
+    count[v] = std::clamp<int64_t>(len[v] - j0, 0, kChunk);
+    lo = std::min(lo, count[v]);
+    hi = std::max(hi, count[v]);
+  }
+  if (hi == 0) return;
+  __m256 ac[NV][K];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 4
+    for (int k = 0; k < K; ++k) ac[v][k] = _mm256_load_ps(acc + v * dim + k * kW8);
+  for (int64_t i = 0; i < lo; ++i) {
+    __m256 vv[K];
+#pragma GCC unroll 4
+    for (int k = 0; k < K; ++k) vv[k] = _mm256_load_ps(vf + i * dim + k * kW8);
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const __m256 pb = _mm256_broadcast_ss(p + v * p_stride + i);
+#pragma GCC unroll 4
+      for (int k = 0; k < K; ++k) ac[v][k] = _mm256_fmadd_ps(pb, vv[k], ac[v][k]);
+    }
+  }
+  for (int64_t i = lo; i < hi; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      if (i >= count[v]) continue;
+      const __m256 pb = _mm256_broadcast_ss(p + v * p_stride + i);
+#pragma GCC unroll 4
+      for (int k = 0; k < K; ++k) ac[v][k] = _mm256_fmadd_ps(pb, _mm256_load_ps(vf + i * dim + k * kW8), ac[v][k]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v)
+#pragma GCC unroll 4
+    for (int k = 0; k < K; ++k) _mm256_store_ps(acc + v * dim + k * kW8, ac[v][k]);
+}
+
+template <int K, int NV>
+ARGOSY_ATTN256 inline void pv256_up_to(int64_t nv, const float* p, int64_t p_stride, const float* vf, int64_t dim,
+                                       const int64_t* len, int64_t j0, float* acc) {
+  if constexpr (NV > 1)
+    if (nv < NV) return pv256_up_to<K, NV - 1>(nv, p, p_stride, vf, dim, len, j0, acc);
+  pv256<K, NV>(p, p_stride, vf, dim, len, j0, acc);
+}
+
+template <int C>
+ARGOSY_ATTN256 void widen256(const uint16_t* src, float* dst) {
+  for (int c = 0; c < 2 * C; ++c) _mm256_store_ps(dst + c * kW8, load_bf16x8(src + c * kW8));
+}
+
+template <int C>
+ARGOSY_ATTN256 void scores256(const float* q, const float* kt, float* out, int64_t blocks, float scale) {
+  for (int64_t b = 0; b < blocks; ++b) qk256<C, 2>(q, kt + b * kLanes, out + b * kLanes, scale);
+}
+
+// 32 dimensions at a time (16 for the last of an odd C), 3 (or 4) pairs sharing each V load
+template <int C>
+ARGOSY_ATTN256 void values256(int64_t count, const float* p, int64_t p_stride, const float* vf, const int64_t* len,
+                              int64_t j0, float* acc) {
+  constexpr int64_t dim = C * kLanes;
+  for (int64_t d0 = 0; d0 < dim; d0 += 4 * kW8) {
+    if (dim - d0 >= 4 * kW8)
+      for (int64_t rg = 0; rg < count; rg += 3)
+        pv256_up_to<4, 3>(count - rg, p + rg * p_stride, p_stride, vf + d0, dim, len + rg, j0, acc + rg * dim + d0);
+    else
+      for (int64_t rg = 0; rg < count; rg += 4)
+        pv256_up_to<2, 4>(count - rg, p + rg * p_stride, p_stride, vf + d0, dim, len + rg, j0, acc + rg * dim + d0);
+  }
+}
+
+// -- a tile, either path --
+
+template <int C>
+struct Avx512 {
+  static constexpr auto widen = widen512<C>;
+  static constexpr auto chunk = chunk512<C>;
+  static constexpr auto scores = scores512<C>;
+  static constexpr auto softmax = softmax512;
+  static constexpr auto values = values512<C>;
+};
+
+template <int C>
+struct Avx2 {
+  static constexpr auto widen = widen256<C>;
+  static constexpr auto chunk = chunk256<C>;
+  static constexpr auto scores = scores256<C>;
+  static constexpr auto softmax = softmax256;
+  static constexpr auto values = values256<C>;
+};
+
+// rows [r0, r1) sharing a table, kv head h, as (row, query head) pairs rg = (r - r0) * group + g:
+// the scores of every pair chunk by chunk, each pair's softmax, then the weighted sums chunk by chunk
+template <class Path, int C>
+void tile(const Rows& a, const Tile& t) {
+  constexpr int64_t dim = C * kLanes;
+  const int64_t group = a.heads / a.kv_heads, count = (t.r1 - t.r0) * group;
+  Scratch& s = scratch();
+  s.lens.resize(static_cast<size_t>(count));
+  int64_t* len = s.lens.data();
+  const int64_t n_max = tile_lens(a, t, group, len);
+  const int64_t chunks = (n_max + kChunk - 1) / kChunk, padded = chunks * kChunk;
+  float* qf = s.q.get(count * dim);
+  float* sc = s.scores.get(count * padded);
+  float* acc = s.acc.get(count * dim);
+  float* inv = s.inv.get(count);
+  float* own = t.shared == nullptr ? s.chunk.get(kChunk * dim) : nullptr;  // K^T, then V
+  for (int64_t rg = 0; rg < count; ++rg) Path::widen(q_row(a, t, group, rg), qf + rg * dim);
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    const int64_t j0 = ch * kChunk, n = std::min(kChunk, n_max - j0);
+    const float* kt = own;
+    if (own != nullptr) Path::chunk(a, t.table, t.h, j0, n, own, nullptr);
+    else kt = t.shared + ch * 2 * kChunk * dim;
+    for (int64_t rg = 0; rg < count; ++rg)
+      Path::scores(qf + rg * dim, kt, sc + rg * padded + j0, (n + kLanes - 1) / kLanes, a.scale);
+  }
+  for (int64_t rg = 0; rg < count; ++rg) inv[rg] = len[rg] > 0 ? Path::softmax(sc + rg * padded, len[rg]) : 0.0f;
+  std::fill(acc, acc + count * dim, 0.0f);
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    const int64_t j0 = ch * kChunk;
+    const float* vf = own;
+    if (own != nullptr) Path::chunk(a, t.table, t.h, j0, std::min(kChunk, n_max - j0), nullptr, own);
+    else vf = t.shared + ch * 2 * kChunk * dim + kChunk * dim;
+    Path::values(count, sc + j0, padded, vf, len, j0, acc);
+  }
+  for (int64_t rg = 0; rg < count; ++rg) store_row(a, t, group, rg, acc + rg * dim, inv[rg], len[rg]);
+}
+
+using TileFn = void (*)(const Rows&, const Tile&);
+using ChunkFn = void (*)(const Rows&, const int64_t*, int64_t, int64_t, int64_t, float*, float*);
+
+struct Kernels {
+  TileFn tile = nullptr;
+  ChunkFn chunk = nullptr;
+};
+
+template <template <int> class Path, int C>
+Kernels kernels() {
+  return {tile<Path<C>, C>, Path<C>::chunk};
+}
+
+// the vector kernels of `path` for head dim `dim` (16 .. 128), or none (then the scalar statement)
+template <template <int> class Path>
+Kernels pick_dim(int64_t dim) {
+  switch (dim) {
+    case 16: return kernels<Path, 1>();
+    case 32: return kernels<Path, 2>();
+    case 48: return kernels<Path, 3>();
+    case 64: return kernels<Path, 4>();
+    case 80: return kernels<Path, 5>();
+    case 96: return kernels<Path, 6>();
+    case 112: return kernels<Path, 7>();
+    case 128: return kernels<Path, 8>();
+    default: return {};
+  }
+}
+
+inline Kernels pick(int64_t path, int64_t dim) {
+  if (path >= kAvx512) return pick_dim<Avx512>(dim);
+  if (path == kAvx2) return pick_dim<Avx2>(dim);
+  return {};
+}
+
+// f(t) for t in [0, count) over the threads, each taking the next task when it is free
+template <class F>
+void run_tasks(int64_t count, const F& f) {
+  if (count <= 0) return;
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(count, at::get_num_threads());
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t t = next.fetch_add(1); t < count; t = next.fetch_add(1)) f(t);
+  });
 }
 
 }  // namespace attn
@@ -317,10 +841,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     TORCH_CHECK(table[i] >= 0 && table[i] < num_blocks, "attention: block id out of range");
   std::vector<int64_t> lens(static_cast<size_t>(rows));
   const bool* m = mc.data_ptr<bool>();
-  for (int64_t r = 0; r < rows; ++r) {  // the visible positions: a prefix
-    int64_t n = 0;
-    while (n < ctx && m[r * ctx + n]) ++n;
-    lens[r] = n;
+  for (int64_t r = 0; r < rows; ++r) {  // the visible positions: a prefix (up to the first false)
+    const void* first_false = std::memchr(m + r * ctx, 0, static_cast<size_t>(ctx));
+    lens[r] = first_false == nullptr ? ctx : static_cast<const bool*>(first_false) - (m + r * ctx);
   }
   auto out = at::empty({rows, heads * dim}, q.options());
   attn::Rows a{reinterpret_cast<const uint16_t*>(qc.data_ptr<at::BFloat16>()),
@@ -335,27 +858,63 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                max_blocks,
                block_size,
                1.0f / std::sqrt(static_cast<float>(dim))};
-  // tiles: up to kTileRows consecutive rows with the same block table
-  std::vector<std::pair<int64_t, int64_t>> tiles;
+  const int64_t group = heads / kv_heads;
+  const attn::Kernels kernels = attn::pick(current_path(), dim);
+  // runs of consecutive rows with the same block table, cut into tiles of about kTilePairs (row,
+  // query head) pairs; a run of several tiles gets its K/V chunks made once (shared)
+  const int64_t tile_rows = std::max<int64_t>(1, attn::kTilePairs / group);
+  const int64_t chunk_floats = 2 * attn::kChunk * dim;
+  struct Run {
+    int64_t r0, r1, n, chunks, offset;  // n: its longest row's positions; offset: into the shared chunks (-1: none)
+  };
+  std::vector<Run> runs;
+  int64_t shared_floats = 0;
   for (int64_t r = 0; r < rows;) {
-    int64_t end = r + 1;
-    while (end < rows && end - r < attn::kTileRows &&
+    int64_t end = r + 1, n = lens[r];
+    while (end < rows &&
            std::memcmp(table + end * max_blocks, table + r * max_blocks, max_blocks * sizeof(int64_t)) == 0)
-      ++end;
-    tiles.emplace_back(r, end);
+      n = std::max(n, lens[end++]);
+    const int64_t chunks = (n + attn::kChunk - 1) / attn::kChunk;
+    const bool shared = kernels.tile != nullptr && end - r > tile_rows && chunks > 0;
+    runs.push_back({r, end, n, chunks, shared ? shared_floats : -1});
+    if (shared) shared_floats += kv_heads * chunks * chunk_floats;
     r = end;
   }
-  const bool vector = current_path() >= kAvx512;
-  const int64_t tasks = static_cast<int64_t>(tiles.size()) * kv_heads;
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const auto [r0, r1] = tiles[t / kv_heads];
-      const attn::Block block = vector ? attn::pick_block(r1 - r0, heads / kv_heads, dim) : nullptr;
-      if (block != nullptr)
-        block(a, r0, t % kv_heads);
-      else
-        attn::attend_scalar(a, r0, r1, t % kv_heads);
+  attn::Buffer shared_buffer;  // this call's (a prefill of n positions: kv_heads * n * dim * 8 bytes)
+  float* shared = shared_buffer.get(static_cast<size_t>(shared_floats));
+  // the shared chunks: (run, kv head, chunk) tasks
+  std::vector<std::array<int64_t, 3>> preps;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs[i].offset >= 0)
+      for (int64_t h = 0; h < kv_heads; ++h)
+        for (int64_t ch = 0; ch < runs[i].chunks; ++ch) preps.push_back({static_cast<int64_t>(i), h, ch});
+  attn::run_tasks(static_cast<int64_t>(preps.size()), [&](int64_t t) {
+    const auto [i, h, ch] = preps[t];
+    const Run& run = runs[i];
+    float* base = shared + run.offset + (h * run.chunks + ch) * chunk_floats;
+    kernels.chunk(a, table + run.r0 * max_blocks, h, ch * attn::kChunk,
+                  std::min(attn::kChunk, run.n - ch * attn::kChunk), base, base + attn::kChunk * dim);
+  });
+  // the tiles, each for one kv head; the longest first, so the threads finish together
+  struct Task {
+    int64_t run, r0, r1, h, cost;
+  };
+  std::vector<Task> tasks;
+  for (size_t i = 0; i < runs.size(); ++i)
+    for (int64_t r0 = runs[i].r0; r0 < runs[i].r1; r0 += tile_rows) {
+      const int64_t r1 = std::min(r0 + tile_rows, runs[i].r1);
+      int64_t cost = 0;
+      for (int64_t r = r0; r < r1; ++r) cost += lens[r] + 1;
+      for (int64_t h = 0; h < kv_heads; ++h) tasks.push_back({static_cast<int64_t>(i), r0, r1, h, cost});
     }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.cost > y.cost; });
+  attn::run_tasks(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
+    const Task& task = tasks[t];
+    const Run& run = runs[task.run];
+    if (kernels.tile == nullptr) return attn::attend_scalar(a, task.r0, task.r1, task.h);
+    const float* chunks =
+        run.offset >= 0 ? shared + run.offset + task.h * run.chunks * chunk_floats : nullptr;
+    kernels.tile(a, {table + task.r0 * max_blocks, chunks, task.r0, task.r1, task.h});
   });
   return out;
 }

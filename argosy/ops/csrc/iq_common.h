@@ -82,8 +82,8 @@ inline uint16_t float_to_bf16(float f) {  // round half to even; NaN stays NaN
 }
 
 
-// ((a0 + a2) + (a1 + a3)) + ((a4 + a6) + (a5 + a7)) + ... over 16 values (the pairing of the
-// AVX-512 transpose reduction in the attention below)
+// ((a0 + a2) + (a1 + a3)) + ((a4 + a6) + (a5 + a7)) + ... over 16 values: the fixed order of a
+// 16-lane sum (iq_attention.cpp's vector paths add their 16 lane vectors in this order)
 inline float tree16(const float* a) {
   float s[4];
   for (int q = 0; q < 4; ++q) s[q] = (a[4 * q] + a[4 * q + 2]) + (a[4 * q + 1] + a[4 * q + 3]);
