@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from argosy.errors import ModelLoadError
 from argosy.models.gguf_quant import INT4_FILE
-from argosy.models.llama import DecoderForCausalLM
+from argosy.models.llama import DecoderForCausalLM, RMSNorm
 from argosy.models.quantize import apply_int4, apply_int8, apply_int8_head
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
@@ -144,6 +144,9 @@ def load_model(
     )
     if invariant:  # the residual stream in float32 (bench/quality.py: KL to the fp32 reference -17%)
         model.hidden_dtype = torch.float32
+        for module in model.modules():
+            if isinstance(module, RMSNorm):
+                module.float64_mean = True
     if pack:
         log.info(
             "packed %s weights: %d linear layers", str(dtype).removeprefix("torch."), apply_packing(model)

@@ -24,11 +24,23 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        # the invariant mode: the mean of squares summed in float64 and rounded once to float32,
+        # so the order of summation (aten's per batch shape, inductor's in the compiled step)
+        # does not reach the result: each square is exact in float64 and the order moves the
+        # sum by ~2^-52 of itself, which changes the float32 result only when it lies that
+        # close to a rounding boundary (~1 in 10^8 norms). In float32 the two orders differed
+        # in the last bit, which the int8 quantization of the next layer's input amplified to
+        # 0.6 in the logits of a compiled step against the eager one.
+        self.float64_mean = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.float64_mean:
+            mean = h.double().pow(2).mean(-1, keepdim=True).float()
+        else:
+            mean = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(mean + self.eps)
         return self.weight * h.to(dtype)
 
 

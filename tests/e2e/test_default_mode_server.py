@@ -20,7 +20,10 @@ from tests.e2e.server import ServerProcess
 from tests.e2e.test_seeded_invariance import NEIGHBOURS, seeded_text, texts_on_miss_and_hits
 
 MODEL = "smollm2-default"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# "What is the capital of France?" is a near tie here between "The" and "L'Étoile, ..." (fp32
+# reference: -1.88 vs -1.97); Q4_1 with int8 activations, as llama.cpp (the same answer) and
+# the invariant kernels compute, picks the second. This phrasing has a margin of 1.0.
+QUESTION = [{"role": "user", "content": "What is the capital city of France? Answer in one sentence."}]
 
 
 @pytest.fixture(scope="module")

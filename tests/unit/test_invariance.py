@@ -143,3 +143,41 @@ def test_batch_invariant_is_accepted_and_needs_no_solo_steps(llm: LLMEngine, pro
     llm.add_request("flagged", prompt, solo)
     assert llm.sequences["flagged"].params.batch_invariant is False
     llm.abort("flagged")
+
+
+def test_the_compiled_decode_step_gives_the_eager_step_bits() -> None:
+    """A token decoded by the compiled graph must equal the same token decoded eagerly (a
+    prefix-cache hit's first token comes from one, a miss's from the other). The RMSNorm's
+    float64 mean is what makes them agree (in float32 the summation orders differed in the
+    last bit, amplified to 0.6 in the logits)."""
+    import torch
+
+    from argosy.runner.compiled import CompiledDecoder
+
+    # the server's KV pool: the same graphs as the default-mode e2e server's (inductor's cache)
+    llm = engine(compile="on", kv_cache_memory=EngineConfig().kv_cache_memory)
+    compiled = llm.runner.compiled
+    assert compiled is not None
+    captured: list[tuple[torch.Tensor, ...]] = []
+    call = CompiledDecoder.__call__
+
+    def capture(self: CompiledDecoder, *args: torch.Tensor) -> torch.Tensor:
+        captured.append(tuple(a.clone() for a in args))
+        return call(self, *args)
+
+    CompiledDecoder.__call__ = capture  # type: ignore[method-assign]
+    try:
+        prompts = [llm.encode(PROMPT), *(llm.encode(f"Tell me about {w}.") for w in WORDS[:2])]
+        generate(llm, prompts[:1])
+        generate(llm, prompts)
+    finally:
+        CompiledDecoder.__call__ = call  # type: ignore[method-assign]
+    rows = {args[0].shape[0] for args in captured}
+    assert 1 in rows and max(rows) > 1
+    with torch.inference_mode():
+        for args in captured[:: max(1, len(captured) // 6)]:
+            k_all, v_all = args[6].clone(), args[7].clone()
+            eager = compiled.graph(*args)
+            args[6].copy_(k_all)
+            args[7].copy_(v_all)
+            assert torch.equal(compiled(*args).view(torch.int32), eager.view(torch.int32)), args[0].shape
