@@ -1,10 +1,12 @@
 """How often does batching flip a greedy near-tie? 100 prompts, solo vs in batches of 16.
 
     .venv/bin/python bench/batch_flips.py [--dtype bfloat16] [--prompts 100] [--tokens 32]
-        [--quantization auto --numerics invariant]
+        [--quantization auto|none|int4|int8] [--numerics auto|fast|invariant]
 
 Prints the number of prompts whose greedy tokens differ between a solo run and a batched
-run, and the mean position of the first difference. In float32 this should be 0.
+run, and the mean position of the first difference. The defaults are the server's (int4 from
+the GGUF, numerics auto = invariant): there it must be 0; `--numerics fast` or
+`--quantization none` measure the fast kernels.
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument(
-        "--quantization", default="none", help="none (bf16 weights, like transformers) | auto | int4 | int8"
+        "--quantization",
+        default="auto",
+        help="auto (the GGUF's Q4 blocks) | none (bf16 weights) | int4 | int8",
     )
     parser.add_argument("--compile", default="on", choices=["on", "off"], help="compiled decode step")
     parser.add_argument(
-        "--numerics", default="fast", choices=["fast", "invariant"], help="the engine's numerics mode"
+        "--numerics", default="auto", choices=["auto", "fast", "invariant"], help="the engine's numerics mode"
     )
     parser.add_argument("--prompts", type=int, default=100)
     parser.add_argument("--tokens", type=int, default=32)

@@ -45,7 +45,7 @@ ALL_SYSTEMS = (
     "argosy",
     "argosy-spec",
     "argosy-bf16",
-    "argosy-invariant",
+    "argosy-fast",
     "argosy-noprefix",
     "llama-server",
     "llama-cpp-python",

@@ -1,7 +1,7 @@
 """Quality: how far each engine's per-token log-probabilities are from an fp32 reference.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/quality.py [--tokens 2048] [--quick]
-        [--systems argosy,argosy-invariant,argosy-bf16,llama-server] [--top-k 20]
+        [--systems argosy,argosy-fast,argosy-bf16,llama-server] [--top-k 20]
 
 Model: SmolLM2-135M-Instruct, its Q4_1 GGUF (the default model). Every system scores the same
 tokens, teacher-forced: at each position it gives the log-probabilities of the next token given
@@ -22,12 +22,13 @@ folder by default; `--reference gguf` makes transformers dequantize the GGUF its
 bit-identical), one forward pass per window, the full log-softmax at every position.
 
 Systems (same windows):
-  argosy            LLMEngine in process, default mode: bf16 activations, Q4 weights (quantization
-                    auto), numerics fast. Scored through SamplingParams.prompt_logprobs: the engine
+  argosy            LLMEngine in process, default mode: Q4 weights (quantization auto), numerics
+                    auto = invariant (int8 activations per group of 32, a float32 residual stream,
+                    bf16 KV cache; native kernels, path in the header). Scored through SamplingParams.prompt_logprobs: the engine
                     returns each prompt token's logprob and its top-k (the same code as the
                     completions API's echo + logprobs). compile off: requests with prompt logprobs
                     never take the compiled decode step, so it only saves start-up time.
-  argosy-invariant  the same with numerics invariant (its native kernels; path in the header).
+  argosy-fast       the same with numerics fast: its prompts run the bf16 twin of the Q4 weights.
   argosy-bf16       quantization none: bf16 weights (dequantized from the same GGUF), numerics fast.
   llama-server      the peer build (bench/peer_builds.py) on the same GGUF, started as bench/peers.py
                     does (one slot, its default f16 KV cache) with --server-threads threads (1: its
@@ -87,8 +88,8 @@ import torch  # noqa: E402
 MODEL = "smollm2"
 TOPICS = ("execmodel", "objects", "truth", "types")  # prose entries of pydoc_data.topics, sorted
 ARGOSY_SYSTEMS: dict[str, tuple[str, str]] = {  # name: (quantization, numerics)
-    "argosy": ("auto", "fast"),
-    "argosy-invariant": ("auto", "invariant"),
+    "argosy": ("auto", "auto"),
+    "argosy-fast": ("auto", "fast"),
     "argosy-bf16": ("none", "fast"),
 }
 SYSTEMS = (*ARGOSY_SYSTEMS, "llama-server")
