@@ -25,7 +25,9 @@ import pytest
 from tests.e2e.server import ServerProcess
 from tests.e2e.server import models_server as start_models_server
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# "What is the capital of France?" is a near tie on the default (invariant, Q4 + int8
+# activations) model: see tests/e2e/test_default_mode_server.py
+QUESTION = [{"role": "user", "content": "What is the capital city of France? Answer in one sentence."}]
 TEXTS = [
     "The cat sits on the mat.",
     "A quick brown fox jumps over the lazy dog near the river bank.",
