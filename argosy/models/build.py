@@ -211,24 +211,20 @@ def _quantize(
         count = apply_int8(model, dtype, invariant, rows_of)
     elif blocks_file.exists():
         count = apply_int4(model, load_file(str(blocks_file)), dtype, max_int4_rows, invariant)
-        if invariant or dtype != torch.float32:  # float32 asks for precision: its head stays exact
+        if invariant:  # projections without 4-bit blocks: int8, so every layer runs the kernels
+            count += apply_int8(model, dtype, invariant, rows_of)
+        elif dtype != torch.float32:  # float32 asks for precision: its head stays exact
             # the native int8 kernel serves any number of rows (2+; torch's serves one): no
             # float twin of the head (57 MB of SmolLM2's peak memory)
-            apply_int8_head(
-                model,
-                dtype,
-                0 if native_qlinear(dtype) else max_int4_rows,
-                invariant=invariant,
-                float_output=True,
-                weight_rows=_head_rows(model, files) if invariant else None,
-            )
+            apply_int8_head(model, dtype, 0 if native_qlinear(dtype) else max_int4_rows, float_output=True)
     elif mode == "int4":
         raise ModelLoadError("int4 uses a GGUF file's own Q4_0/Q4_1 blocks; this model has none (try int8)")
     elif invariant:  # auto without 4-bit blocks: int8, which the invariant kernels serve
         count = apply_int8(model, dtype, invariant, rows_of)
-        apply_int8_head(model, dtype, invariant=True, float_output=True, weight_rows=_head_rows(model, files))
     else:
         return  # auto without 4-bit blocks: keep the float weights
+    if invariant:  # the head on the same kernels, its logits in float32
+        apply_int8_head(model, dtype, invariant=True, float_output=True, weight_rows=_head_rows(model, files))
     log.info("quantization %s: %d projection layers", mode, count)
 
 

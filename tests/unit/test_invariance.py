@@ -185,3 +185,12 @@ def test_the_compiled_decode_step_gives_the_eager_step_bits() -> None:
             args[6].copy_(k_all)
             args[7].copy_(v_all)
             assert torch.equal(compiled(*args).view(torch.int32), eager.view(torch.int32)), args[0].shape
+
+
+def test_int8_weights_run_the_invariant_kernels_too(prompt: list[int]) -> None:
+    """--quantization int8 (every projection and the head GGUF-Q8_0-style) is invariant as well:
+    its fp32 stream never meets a float layer."""
+    int8 = engine(quantization="int8")
+    assert int8.describe().deterministic
+    alone = generate(int8, [prompt])[0]
+    assert generate(int8, [prompt, *neighbours(int8, 3, seed=5)])[0] == alone
