@@ -124,6 +124,13 @@ class CompiledDecoder:
         # compile in this process: a pool of compile workers would add ~1 GB to the server's
         # peak memory for a one-off start-up cost
         torch._inductor.config.compile_threads = 1
+        # every engine's graphs are cache entries of the one DecodeGraph.forward code object, so
+        # a process that loads many models (a multi-model server, a test run) passes dynamo's
+        # default limit of 8 and the next model's compile fails ("hit config.recompile_limit")
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
+        torch._dynamo.config.accumulated_recompile_limit = max(
+            torch._dynamo.config.accumulated_recompile_limit, 4096
+        )
         # a C++ wrapper calls the graph's ~400 kernels and ops instead of generated Python:
         # ~1 ms less per step at one row (compiling takes ~2.5 min instead of ~1 the first time)
         torch._inductor.config.cpp_wrapper = True
