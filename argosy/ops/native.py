@@ -11,6 +11,7 @@ once at start-up) disables them.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -97,6 +98,12 @@ def load_invariant_ops() -> bool:
         log.warning("invariant kernels unavailable (%s)", error)
         return False
     _register_invariant_fakes()
+    forced = os.environ.get("ARGOSY_KERNEL_PATH")  # e.g. avx2 on an AVX-512 machine: measure it
+    if forced:
+        try:
+            torch.ops.argosy_iq.set_path(forced)
+        except RuntimeError as exc:
+            log.warning("ARGOSY_KERNEL_PATH=%s not taken (%s)", forced, exc)
     _state["invariant"] = True
     log.info(
         "invariant kernels loaded in %.1fs: %s path (this CPU has %s)",
