@@ -137,8 +137,10 @@ class DecoderForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.inv_freq: torch.Tensor
-        self.register_buffer("inv_freq", cfg.inv_freq(), persistent=False)
+        # RoPE's inverse frequencies, always float32: not a buffer, so that `.to(bfloat16)` does
+        # not round them (a bf16 frequency is off by up to 2^-9 of itself, which at position p
+        # turns the angle by p times that: ~1 radian at p = 500 for SmolLM2)
+        self.inv_freq = cfg.inv_freq()
         # the residual stream's dtype when it is not the weights' (None): float32 in the
         # invariant mode, as llama.cpp keeps it, with bf16 weights, embeddings and KV cache
         self.hidden_dtype: torch.dtype | None = None
@@ -148,7 +150,9 @@ class DecoderForCausalLM(nn.Module):
         return x if self.hidden_dtype is None else x.to(self.hidden_dtype)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq.to(positions.device)
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

@@ -91,6 +91,18 @@ def test_logits_match_transformers(tiny: TinyModel) -> None:
     torch.testing.assert_close(prefill_logits(engine, ids, split=20), expected, atol=1e-4, rtol=0)
 
 
+def test_rope_frequencies_stay_float32_in_a_bfloat16_model(tiny_llama: TinyModel) -> None:
+    """model.to(bfloat16) must not round RoPE's inverse frequencies (a bf16 frequency turns
+    the angle at position p by p times its rounding); the angles are float32's."""
+    engine = tiny_llama.engine(dtype="bfloat16")
+    model = engine.model
+    assert model.inv_freq.dtype == torch.float32
+    assert torch.equal(model.inv_freq, model.config.inv_freq())
+    cos, _ = model.rope(torch.tensor([1000]), torch.float32)
+    angles = 1000.0 * model.config.inv_freq()
+    assert torch.equal(cos[0], torch.cat((angles, angles)).cos())
+
+
 def test_decode_logprobs_match_transformers(tiny: TinyModel) -> None:
     engine = tiny.engine()
     ids = prompt(21, seed=2)

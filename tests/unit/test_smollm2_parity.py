@@ -140,12 +140,22 @@ def test_logits_match_transformers_bf16(source, hf_model, prompts) -> None:  # t
         source=source,
     )
     ids = engine.encode(prompts[2])
+    # RoPE's frequencies stay float32 in both (module.to(bfloat16) would round transformers' too)
+    frequencies = {name: buffer.clone() for name, buffer in hf_model.named_buffers() if "inv_freq" in name}
     with torch.inference_mode():
         reference = hf_model.to(torch.bfloat16)
         try:
+            for name, buffer in frequencies.items():
+                reference.get_submodule(name.rpartition(".")[0]).register_buffer(
+                    name.rpartition(".")[2], buffer.clone(), persistent=False
+                )
             expected = reference(torch.tensor([ids])).logits[0].float()
         finally:
             hf_model.to(torch.float32)
+            for name, buffer in frequencies.items():
+                hf_model.get_submodule(name.rpartition(".")[0]).register_buffer(
+                    name.rpartition(".")[2], buffer, persistent=False
+                )
     ours = prefill_logits(engine, ids)
     # same dtype, same rounding points: far closer than bf16 is to fp32 (about 1.3 here)
     assert float((ours - expected).abs().max()) < 0.25
