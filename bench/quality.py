@@ -1,6 +1,6 @@
 """Quality: how far each engine's per-token log-probabilities are from an fp32 reference.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/quality.py [--tokens 2048] [--quick]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/quality.py [--tokens 8192] [--quick]
         [--systems argosy,argosy-fast,argosy-bf16,llama-server] [--top-k 20]
 
 Model: SmolLM2-135M-Instruct, its Q4_1 GGUF (the default model). Every system scores the same
@@ -24,7 +24,7 @@ bit-identical), one forward pass per window, the full log-softmax at every posit
 Systems (same windows):
   argosy            LLMEngine in process, default mode: Q4 weights (quantization auto), numerics
                     auto = invariant (int8 activations per group of 32, a float32 residual stream,
-                    bf16 KV cache; native kernels, path in the header). Scored through SamplingParams.prompt_logprobs: the engine
+                    fp16 KV cache; native kernels, path in the header). Scored through SamplingParams.prompt_logprobs: the engine
                     returns each prompt token's logprob and its top-k (the same code as the
                     completions API's echo + logprobs). compile off: requests with prompt logprobs
                     never take the compiled decode step, so it only saves start-up time.
@@ -57,7 +57,11 @@ Figures, per system:
                 full log-softmax row (argosy.runner.model_runner.make_logprob) and compares that
                 row with the reference's. llama-server gives no full distribution: n/a.
   argmax        the fraction of positions whose top token equals the reference's.
+  +-95%         the half-width of KL top-K's 95% interval (1.96 standard errors over positions).
   time s        wall time of the scoring (informational: the machine may be shared).
+  paired        with llama-server in the run: each Argosy system's KL top-K minus llama-server's,
+                position by position, with its 95% interval, and whether the system is closer to
+                the reference, further, or not distinguishable at 95%.
 Written to bench/results/quality-<time>.json with the settings, each system's mean NLL, and every
 position's true-token logprob per system.
 """
@@ -71,6 +75,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -335,6 +340,26 @@ def partition_kl(
     return kl, len(ref_ids) - len(kept)
 
 
+# each system's per-position KL top-K (figures fills it), for the paired comparison
+per_position_kl: dict[str, list[float]] = {}
+
+
+def paired_differences(peer: str = "llama-server") -> list[str]:
+    """Each Argosy system's KL top-K minus the peer's, position by position: the mean and a 95%
+    interval (1.96 standard errors of the paired differences; the text's hard positions are hard
+    for both, so this is far tighter than comparing the two means' own intervals)."""
+    lines = []
+    for name, kls in per_position_kl.items():
+        if name == peer or peer not in per_position_kl:
+            continue
+        diffs = [a - b for a, b in zip(kls, per_position_kl[peer], strict=True)]
+        half = 1.96 * statistics.stdev(diffs) / math.sqrt(len(diffs))
+        mean = sum(diffs) / len(diffs)
+        verdict = "closer" if mean + half < 0 else "further" if mean - half > 0 else "no difference at 95%"
+        lines.append(f"paired KL top-K, {name} - {peer}: {mean:+.3e} +- {half:.3e} (95%): {name} {verdict}")
+    return lines
+
+
 def figures(scores: Scores, reference: Reference, top_k: int) -> dict[str, Any]:
     n = len(scores.top)
     ref_true = reference.logprobs[torch.arange(n), reference.targets[:n]].tolist()
@@ -348,11 +373,13 @@ def figures(scores: Scores, reference: Reference, top_k: int) -> dict[str, Any]:
         merged += num_merged
         agree += scores.top[i][0][0] == int(ref_top_ids[i, 0])
     exact = scores.exact_kl
+    per_position_kl[scores.name] = kls
     return {
         "positions": n,
         "mean_abs_dlogprob": sum(deltas) / n,
         "max_abs_dlogprob": max(deltas),
         "mean_kl_topk": sum(kls) / n,
+        "kl_topk_ci95": 1.96 * statistics.stdev(kls) / math.sqrt(n) if n > 1 else None,
         "merged_topk_entries": merged,
         "mean_kl_full": sum(exact) / n if exact is not None else None,
         "argmax_agreement": agree / n,
@@ -366,6 +393,7 @@ COLUMNS = (  # heading, width, figure, format
     ("|dlp|", 9, "mean_abs_dlogprob", ".4f"),
     ("max|dlp|", 9, "max_abs_dlogprob", ".3f"),
     ("KL top-K", 11, "mean_kl_topk", ".3e"),
+    ("+-95%", 10, "kl_topk_ci95", ".1e"),
     ("merged", 8, "merged_topk_entries", "d"),
     ("KL full", 11, "mean_kl_full", ".3e"),
     ("argmax", 8, "argmax_agreement", ".4f"),
@@ -389,7 +417,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", type=int, default=2048, help="positions scored (N+1 text tokens read)")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=8192,
+        help="positions scored (N+1 text tokens read; 8,192: the paired interval with llama-server is then ~5e-5)",
+    )
     parser.add_argument("--quick", action="store_true", help="512 positions")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {', '.join(SYSTEMS)}")
     parser.add_argument(
@@ -450,6 +483,8 @@ def main() -> None:
         print(f"[{name}] done in {scores.seconds:.1f} s", flush=True)
 
     print(render(results))
+    for line in paired_differences():
+        print(line)
     out = args.out or BENCH_DIR / "results" / f"quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
@@ -464,6 +499,7 @@ def main() -> None:
         "server_threads": args.server_threads,
         "reference": {"source": args.reference, "mean_nll": ref_nll, "seconds": round(reference.seconds, 1)},
         "systems": results,
+        "paired": paired_differences(),
         "notes": notes,
         "true_token_logprobs": per_position,
     }

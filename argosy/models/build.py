@@ -25,8 +25,10 @@ from argosy.models.source import ModelSource
 from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
 from argosy.ops.quantized_linear import (
     BatchSwitchLinear,
+    CodesEmbedding,
     Int4Linear,
     Int8Linear,
+    codes_are_exact,
     invariant_qlinear,
     native_qlinear,
 )
@@ -144,9 +146,13 @@ def load_model(
     )
     if invariant:  # the residual stream in float32 (bench/quality.py: KL to the fp32 reference -17%)
         model.hidden_dtype = torch.float32
-        for module in model.modules():
+        for name, module in model.named_modules():
             if isinstance(module, RMSNorm):
                 module.float64_mean = True
+                # its weight in float32 as the file holds it (a GGUF's norms are F32)
+                rows = file_rows(files, [f"model.{name}.weight"])
+                exact = rows(0, module.weight.shape[0]) if rows is not None else module.weight
+                module.weight = torch.nn.Parameter(exact.detach().float(), requires_grad=False)
     if pack:
         log.info(
             "packed %s weights: %d linear layers", str(dtype).removeprefix("torch."), apply_packing(model)
@@ -224,7 +230,21 @@ def _quantize(
     else:
         return  # auto without 4-bit blocks: keep the float weights
     if invariant:  # the head on the same kernels, its logits in float32
-        apply_int8_head(model, dtype, invariant=True, float_output=True, weight_rows=_head_rows(model, files))
+        tied = model.lm_head.weight is model.embed_tokens.weight
+        head_rows = _head_rows(model, files)
+        apply_int8_head(model, dtype, invariant=True, float_output=True, weight_rows=head_rows)
+        head = model.lm_head
+        # a tied Q8_0 table: the tokens' embeddings from the head's codes, exact in float32 as
+        # llama.cpp reads them (a bf16 table rounds them to 8 bits), and no bf16 copy of the
+        # table (57 MB for SmolLM2)
+        if (
+            tied
+            and head_rows
+            and isinstance(head, Int8Linear)
+            and head.invariant
+            and codes_are_exact(head, head_rows)
+        ):
+            model.embed_tokens = CodesEmbedding(head)  # type: ignore[assignment]
     log.info("quantization %s: %d projection layers", mode, count)
 
 

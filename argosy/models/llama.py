@@ -85,7 +85,9 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         q, k, v = self.project(x, meta.cos.unsqueeze(1), meta.sin.unsqueeze(1))
-        q, k, v = (t.to(k_cache.dtype) for t in (q, k, v))  # the cache's dtype (an fp32 stream: bf16)
+        k, v = k.to(k_cache.dtype), v.to(k_cache.dtype)  # the cache's dtype
+        # the invariant kernel takes float32 queries (the stream's, unrounded); the others the cache's
+        q = q.float() if meta.invariant else q.to(k_cache.dtype)
         return self.o_proj(self.backend.forward(q, k, v, k_cache, v_cache, meta).to(x.dtype))
 
 
@@ -142,7 +144,7 @@ class DecoderForCausalLM(nn.Module):
         # turns the angle by p times that: ~1 radian at p = 500 for SmolLM2)
         self.inv_freq = cfg.inv_freq()
         # the residual stream's dtype when it is not the weights' (None): float32 in the
-        # invariant mode, as llama.cpp keeps it, with bf16 weights, embeddings and KV cache
+        # invariant mode, as llama.cpp keeps it (with an fp16 KV cache, float32 queries)
         self.hidden_dtype: torch.dtype | None = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

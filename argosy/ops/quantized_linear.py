@@ -17,6 +17,7 @@ with the native int4 kernel, ad-hoc engine probe).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -262,3 +263,37 @@ class BatchSwitchLinear(nn.Module):
         rows = x.numel() // x.shape[-1]
         out: torch.Tensor = self.small(x) if rows <= self.max_small_rows else self.large(x)
         return out
+
+
+class CodesEmbedding(nn.Module):
+    """A tied embedding read from its output head's invariant int8 codes: row n is
+    d[n, g] * q[n, k] in float32 (exact: an fp16 scale times an int8 code), so a GGUF Q8_0
+    table's tokens come out as the file holds them (a bf16 table rounds them to 8 bits), and
+    the float copy of the table goes (57 MB for SmolLM2). Only where the codes give the
+    weights back exactly (`codes_are_exact`)."""
+
+    def __init__(self, head: Int8Linear) -> None:
+        super().__init__()
+        assert head.invariant
+        self.head = [head]  # not a submodule: the head owns the buffers
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        head = self.head[0]
+        all_codes, all_scales = cast(torch.Tensor, head.iq_codes), cast(torch.Tensor, head.iq_scales)
+        ids = input_ids.reshape(-1)
+        tile, lane = ids // _TILE, ids % _TILE
+        codes = all_codes[tile, :, lane, :].reshape(-1, self.embedding_dim // GROUP_SIZE, GROUP_SIZE)
+        scales = all_scales[tile, :, lane].float()
+        rows = (codes.float() * scales[..., None]).reshape(-1, self.embedding_dim)
+        return rows.view(*input_ids.shape, self.embedding_dim)
+
+
+def codes_are_exact(head: Int8Linear, weight_rows: Callable[[int, int], torch.Tensor]) -> bool:
+    """Whether the head's codes times its scales equal its weights as the file holds them."""
+    embedding = CodesEmbedding(head)
+    for start in range(0, head.out_features, 4096):
+        stop = min(start + 4096, head.out_features)
+        if not torch.equal(embedding(torch.arange(start, stop)), weight_rows(start, stop).float()):
+            return False
+    return True

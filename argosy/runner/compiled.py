@@ -83,6 +83,7 @@ class DecodeGraph(nn.Module):
         self.block_size = block_size
         # the invariant mode's kernel (csrc/iq_attention.cpp: the same for every row, prefill rows
         # included); else the C++ op (csrc/paged_decode.cpp) when it built, else the Python one
+        self.invariant = invariant
         if invariant:
             self.attention = torch.ops.argosy_iq.attention
         else:
@@ -107,7 +108,9 @@ class DecodeGraph(nn.Module):
         for i, module in enumerate(model.layers):
             layer = cast(DecoderLayer, module)
             attn = layer.self_attn
-            q, k, v = (t.to(k_all.dtype) for t in attn.project(layer.input_layernorm(x), cos, sin))
+            q, k, v = attn.project(layer.input_layernorm(x), cos, sin)
+            k, v = k.to(k_all.dtype), v.to(k_all.dtype)  # the cache's dtype
+            q = q.float() if self.invariant else q.to(k_all.dtype)  # as Attention.forward
             out = self.attention(q, k, v, k_all[i], v_all[i], slots, block_ids, mask, self.block_size)
             x = x + attn.o_proj(out.to(x.dtype))
             x = x + layer.mlp(layer.post_attention_layernorm(x))

@@ -82,19 +82,22 @@ class ModelRunner:
         self.dtype = dtype
         self.device = torch.device(device)
         cfg = model.config
-        # one extra block at the end: scratch space for compile warm-up rows and padded tables
-        self.scratch_block = num_blocks
-        shape = (cfg.num_layers, (num_blocks + 1) * block_size, cfg.num_kv_heads, cfg.head_dim)
-        # one K and one V tensor for all layers; each layer works on its own view
-        self.k_all = _zeros(shape, dtype, self.device)
-        self.v_all = _zeros(shape, dtype, self.device)
-        self.kv_caches = [(self.k_all[i], self.v_all[i]) for i in range(cfg.num_layers)]
-        self.compiled: CompiledDecoder | None = None
-        self.num_compiled_steps = 0
         # every token attends as a decode row (its own context up to itself) through the one
         # native kernel: a token's attention is then the same whatever chunk, cache hit or
         # batch it comes in (the invariant mode; ops/attention.py)
         self.per_row_attention = invariant and self.device.type == "cpu" and per_row_attention_available()
+        # that kernel's KV cache is float16, as llama.cpp's (3 more mantissa bits than bf16,
+        # the same bytes); its queries and output float32
+        self.kv_dtype = torch.float16 if self.per_row_attention else dtype
+        # one extra block at the end: scratch space for compile warm-up rows and padded tables
+        self.scratch_block = num_blocks
+        shape = (cfg.num_layers, (num_blocks + 1) * block_size, cfg.num_kv_heads, cfg.head_dim)
+        # one K and one V tensor for all layers; each layer works on its own view
+        self.k_all = _zeros(shape, self.kv_dtype, self.device)
+        self.v_all = _zeros(shape, self.kv_dtype, self.device)
+        self.kv_caches = [(self.k_all[i], self.v_all[i]) for i in range(cfg.num_layers)]
+        self.compiled: CompiledDecoder | None = None
+        self.num_compiled_steps = 0
         self.sampler = Sampler(vocab_size, torch.Generator().manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
 

@@ -12,10 +12,12 @@ import itertools
 import random
 
 import pytest
+import torch
 
 from argosy.config import EngineConfig
 from argosy.engine.llm_engine import LLMEngine
 from argosy.ops.native import load_native_ops
+from argosy.ops.quantized_linear import CodesEmbedding
 from argosy.sampling_params import SamplingParams
 
 pytestmark = [
@@ -138,6 +140,9 @@ def test_the_mode_is_described(llm: LLMEngine) -> None:
     assert description.deterministic
     assert description.kernels.startswith("native+invariant-")
     assert "invariant kernels" in llm.weights
+    # SmolLM2's tied Q8_0 table: tokens embed from the head's codes (exact float32), no bf16 copy
+    assert isinstance(llm.model.embed_tokens, CodesEmbedding)
+    assert llm.model.embed_tokens(torch.tensor([0, 1])).dtype == torch.float32
 
 
 def test_batch_invariant_is_accepted_and_needs_no_solo_steps(llm: LLMEngine, prompt: list[int]) -> None:

@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from argosy.ops.native import load_invariant_ops, load_native_ops
-from argosy.ops.quantized_linear import invariant_q4_layout, invariant_q8_layout, q8_group_codes
+from argosy.ops.quantized_linear import (
+    CodesEmbedding,
+    Int8Linear,
+    codes_are_exact,
+    invariant_q4_layout,
+    invariant_q8_layout,
+    q8_group_codes,
+)
 
 # no compiler: skipped; a compiler that builds the other native ops must build these too
 pytestmark = pytest.mark.skipif(not load_native_ops(), reason="no C++ compiler for the native kernels")
@@ -113,6 +120,33 @@ def test_q4_is_the_quantized_product(paths: list[str]) -> None:
         assert (got - exact).norm() < 0.007 * exact.norm(), path
 
 
+def q8_0_rows(x: torch.Tensor) -> torch.Tensor:
+    """x quantized and dequantized as llama.cpp's Q8_0 (per group of 32, float64)."""
+    groups = x.double().view(x.shape[0], -1, 32)
+    amax = groups.abs().amax(-1, keepdim=True).float().double()
+    dx = (amax.float() / 127.0).double()
+    scaled = (groups.float() * torch.where(amax > 0, 127.0 / amax.float(), 0.0)).double()
+    return (torch.round(scaled).clamp(-127, 127) * dx).view_as(x)
+
+
+def test_q4_is_the_weights_times_the_quantized_rows_whatever_the_blocks_offset(paths: list[str]) -> None:
+    """The error of quantizing x is sum w_k (x^_k - x_k) (llama.cpp's), whatever a Q4_1 block's
+    minimum: blocks far off-centre (all weights positive, or one outlier) come out the same as
+    centred ones, within fp32 rounding of the exact product with the quantized rows."""
+    n, k = 48, 192
+    gen = torch.Generator().manual_seed(21)
+    codes = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+    d = (torch.rand(n, k // 32, generator=gen) * 0.02 + 0.001).half().float()
+    m = (d * torch.randn(n, k // 32, generator=gen) * 12).half().float()  # off-centre blocks
+    layout = invariant_q4_layout(codes, d, m)
+    x = rows(7, k, seed=22, dtype=torch.float32)
+    product = q8_0_rows(x) @ q4_dense(codes, d, m).T
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        got = q4(x, layout, n).double()
+        assert (got - product).abs().max() < 1e-5 * product.abs().max(), path
+
+
 def test_q4_bf16_output_is_the_float_output_rounded(paths: list[str]) -> None:
     n, k = 48, 96
     layout = invariant_q4_layout(*q4_weight(n, k, seed=3))
@@ -168,6 +202,28 @@ def test_q8_group_codes_give_a_q8_0_weight_back_exactly() -> None:
     assert torch.equal(got_scales.view(torch.int16), expected_scales.view(torch.int16))
 
 
+def test_a_tied_q8_0_table_embeds_from_the_head_codes_exactly() -> None:
+    """A tied Q8_0 table: each token's embedding read back from the head's codes is the file's
+    float32 row bit for bit (a bf16 table rounds it); a table its codes do not give back (float
+    weights quantized) keeps its own float rows (codes_are_exact is False)."""
+    codes, scales = q8_weight(48, 64, seed=13)
+    dense = q8_dense(codes, scales).float()
+    head = Int8Linear(
+        dense.to(torch.bfloat16), None, torch.bfloat16, invariant=True, weight_rows=lambda a, b: dense[a:b]
+    )
+    assert codes_are_exact(head, lambda a, b: dense[a:b])
+    ids = torch.tensor([[0, 17, 47], [5, 5, 31]])
+    got = CodesEmbedding(head)(ids)
+    assert got.dtype == torch.float32 and got.shape == (2, 3, 64)
+    assert torch.equal(got, dense[ids])
+    assert not torch.equal(dense[ids].to(torch.bfloat16).float(), dense[ids])  # what bf16 would lose
+    floats = torch.randn(48, 64, generator=torch.Generator().manual_seed(14))
+    approximate = Int8Linear(
+        floats, None, torch.bfloat16, invariant=True, weight_rows=lambda a, b: floats[a:b]
+    )
+    assert not codes_are_exact(approximate, lambda a, b: floats[a:b])
+
+
 def test_paths_are_named_and_a_missing_one_is_refused(paths: list[str]) -> None:
     assert paths[0] == "scalar"
     assert torch.ops.argosy_iq.set_path("scalar") == "scalar"
@@ -187,8 +243,8 @@ def attention_case(seed: int, dim: int = 64, heads: int = 9, kv_heads: int = 3):
     each row seeing up to itself) and a decode row of each."""
     gen = torch.Generator().manual_seed(seed)
     num_blocks = 12
-    k_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=gen).bfloat16()
-    v_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=gen).bfloat16()
+    k_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=gen).half()
+    v_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=gen).half()
     order = torch.randperm(num_blocks, generator=gen)
     tables = [order[:3], order[3:8]]  # 48 and 80 positions of room
     rows = [(0, p) for p in range(5, 42)] + [(0, 47), (1, 70)]  # (sequence, position)
@@ -200,9 +256,9 @@ def attention_case(seed: int, dim: int = 64, heads: int = 9, kv_heads: int = 3):
         block_ids[i, : len(tables[s])] = tables[s]
         mask[i, 0, 0, : p + 1] = True
         slots[i] = tables[s][p // BLOCK] * BLOCK + p % BLOCK
-    q = torch.randn(len(rows), heads, dim, generator=gen).bfloat16()
-    k = torch.randn(len(rows), kv_heads, dim, generator=gen).bfloat16()
-    v = torch.randn(len(rows), kv_heads, dim, generator=gen).bfloat16()
+    q = torch.randn(len(rows), heads, dim, generator=gen)
+    k = torch.randn(len(rows), kv_heads, dim, generator=gen).half()
+    v = torch.randn(len(rows), kv_heads, dim, generator=gen).half()
     return q, k, v, k_cache, v_cache, slots, block_ids.view(-1), mask
 
 
@@ -250,7 +306,7 @@ def test_attention_is_softmax_attention_over_each_rows_visible_positions() -> No
         values = v_all[where].double().repeat_interleave(heads // kv_heads, dim=1)
         weights = torch.softmax(torch.einsum("hd,nhd->hn", q[i].double(), keys) / dim**0.5, dim=-1)
         expected = torch.einsum("hn,nhd->hd", weights, values).reshape(-1)
-        torch.testing.assert_close(got[i], expected, rtol=2**-7, atol=2e-3)
+        torch.testing.assert_close(got[i], expected, rtol=1e-5, atol=1e-5)
 
 
 def paged_case(seed: int, rooms: list[int], rows: list[tuple[int, int]], dim: int, heads: int, kv_heads: int):  # type: ignore[no-untyped-def]
@@ -259,8 +315,8 @@ def paged_case(seed: int, rooms: list[int], rows: list[tuple[int, int]], dim: in
     gen = torch.Generator().manual_seed(seed)
     counts = [-(-room // BLOCK) for room in rooms]
     num_blocks = sum(counts)
-    k_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=gen).bfloat16()
-    v_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=gen).bfloat16()
+    k_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=gen).half()
+    v_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=gen).half()
     order = torch.randperm(num_blocks, generator=gen)
     tables = list(order.split(counts))
     max_blocks = max(counts)
@@ -272,10 +328,10 @@ def paged_case(seed: int, rooms: list[int], rows: list[tuple[int, int]], dim: in
         mask[i, 0, 0, :n] = True
         p = max(n - 1, 0)
         slots[i] = tables[s][p // BLOCK] * BLOCK + p % BLOCK
-    # scores of a few units: an fp32 rounding step taken differently shows in the bf16 output
-    q = (torch.randn(len(rows), heads, dim, generator=gen) * 4).bfloat16()
-    k = torch.randn(len(rows), kv_heads, dim, generator=gen).bfloat16()
-    v = torch.randn(len(rows), kv_heads, dim, generator=gen).bfloat16()
+    # scores of a few units: an fp32 rounding step taken differently shows in the output
+    q = torch.randn(len(rows), heads, dim, generator=gen) * 4
+    k = torch.randn(len(rows), kv_heads, dim, generator=gen).half()
+    v = torch.randn(len(rows), kv_heads, dim, generator=gen).half()
     return q, k, v, k_cache, v_cache, slots, block_ids.view(-1), mask
 
 
@@ -331,4 +387,24 @@ def test_attention_other_head_dims_give_the_reference_bits_on_every_path(paths: 
     """Every multiple of 16 up to 128 has a vector path: a prefill chunk and decode rows."""
     rows = [(0, n) for n in range(30, 70)] + [(1, 1), (2, 77), (3, 0)]
     case = paged_case(dim, [69, 1, 77, 1], rows, dim, 6, 2)
+    assert_every_path_gives_the_reference_bits(paths, case)
+
+
+def test_attention_reads_every_fp16_value_exactly(paths: list[str]) -> None:
+    """K and V hold fp16 values of every exponent (subnormals, -0, the largest finite): with one
+    position per row the output is that position's V exactly, and the scores reach the softmax
+    as the scalar statement reads them, on every path."""
+    gen = torch.Generator().manual_seed(31)
+    bits16 = torch.randint(0, 1 << 16, (40 * 4 * 64,), generator=gen, dtype=torch.int32)
+    finite = bits16[(bits16 & 0x7C00) != 0x7C00][: 40 * 4 * 64 // 2]  # no inf / NaN
+    values = finite.to(torch.int16).view(torch.float16).view(-1, 4, 64)[:40]
+    values[0, 0, :4] = torch.tensor([-0.0, 6.0e-8, -65504.0, 65504.0], dtype=torch.float16)
+    rows = [(s, 1) for s in range(values.shape[0])]
+    q, k, v, k_cache, v_cache, slots, block_ids, mask = paged_case(32, [1] * len(rows), rows, 64, 8, 4)
+    k, v = (values / 65504 * 8).half(), values  # K scaled down: scores stay finite
+    case = (q, k, v, k_cache, v_cache, slots, block_ids, mask)
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        got = attend(case).view(len(rows), 8, 64)
+        assert torch.equal(got, v.float().repeat_interleave(2, dim=1)), path
     assert_every_path_gives_the_reference_bits(paths, case)

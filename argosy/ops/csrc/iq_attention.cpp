@@ -5,15 +5,16 @@
 // argosy_iq::attention(q, k, v, k_cache!, v_cache!, slots, block_ids, mask, block_size): the
 // contract of argosy_ext::paged_decode (csrc/paged_decode.cpp): each row's K/V is written at its
 // slot first, then each row attends over the positions its mask row allows, which must be a
-// prefix 0 .. n-1 of its sequence (a decode row: its context; a prefill row: up to itself). Per
-// row, query head and position j < n, in fp32 (x_bf16 -> fp32 is exact):
+// prefix 0 .. n-1 of its sequence (a decode row: its context; a prefill row: up to itself).
+// q is float32, k, v and the caches float16 (as llama.cpp's KV cache: 3 more bits than bf16),
+// the output float32. Per row, query head and position j < n, in fp32 (fp16 -> fp32 is exact):
 //   s_j = tree16(lane l: fma over c of q[16c + l] * k_j[16c + l], c in order) * scale
 //   m = max s_j;  p_j = exp_argosy(s_j - m);  l = tree16(lane i: sum over j = i mod 16, j in order)
-//   out[d] = (fma over j in order of p_j * v_j[d]) * (1 / l), rounded to bf16 (half to even)
+//   out[d] = (fma over j in order of p_j * v_j[d]) * (1 / l)
 // tree16(a) = ((a0 + a2) + (a1 + a3)) + ((a4 + a6) + (a5 + a7)) + ... (tree16 in iq_common.h),
 // exp_argosy uses only +, -, * and round-to-nearest (no fma), and the max is exact in any order.
 // A lane's chain starts from 0 (scalar: fma(q, k, 0)) or from the plain product (vector): the
-// same value, as a bf16 x bf16 product is exact in fp32 or rounds alike (only a zero's sign can
+// same value, as fma(q, k, 0) rounds q * k once, as the product does (only a zero's sign can
 // differ, and that cannot reach p). attend_scalar is the statement; the AVX-512 path
 // (avx512-vnni, amx-int8) and the AVX2 + FMA path (avx2) do the same operations on 16 or 8 values
 // at a time and agree with it bit for bit, for every head dim the op takes (16, 32, ..., 128) and
@@ -74,12 +75,12 @@ inline float exp_scalar(float x) {  // x <= 0 here (s - max)
 }
 
 struct Rows {  // what every path needs of one call
-  const uint16_t* q;        // bf16 [T, H, D]
-  const uint16_t* k_cache;  // bf16 [slots, KVH, D]
+  const float* q;           // fp32 [T, H, D]
+  const uint16_t* k_cache;  // fp16 [slots, KVH, D]
   const uint16_t* v_cache;
   const int64_t* block_ids;  // [T, max_blocks]
   const int64_t* lens;       // [T]
-  uint16_t* out;             // bf16 [T, H * D]
+  float* out;                // fp32 [T, H * D]
   int64_t heads, kv_heads, dim, max_blocks, block_size;
   float scale;
 };
@@ -98,8 +99,8 @@ void attend_scalar(const Rows& a, int64_t r0, int64_t r1, int64_t h) {
     const int64_t n = a.lens[r];
     scores.assign(static_cast<size_t>(n), 0.0f);
     for (int64_t g = 0; g < group; ++g) {
-      const uint16_t* q = a.q + (r * a.heads + h * group + g) * dim;
-      uint16_t* dst = a.out + (r * a.heads + h * group + g) * dim;
+      const float* q = a.q + (r * a.heads + h * group + g) * dim;
+      float* dst = a.out + (r * a.heads + h * group + g) * dim;
       if (n == 0) {
         for (int64_t d = 0; d < dim; ++d) dst[d] = 0;
         continue;
@@ -109,7 +110,7 @@ void attend_scalar(const Rows& a, int64_t r0, int64_t r1, int64_t h) {
         for (int l = 0; l < kLanes; ++l) {
           float s = 0.0f;
           for (int64_t c = 0; c < dim / kLanes; ++c)
-            s = std::fma(bf16_to_float(q[c * kLanes + l]), bf16_to_float(kr[c * kLanes + l]), s);
+            s = std::fma(q[c * kLanes + l], half_to_float(kr[c * kLanes + l]), s);
           lanes[l] = s;
         }
         scores[j] = tree16(lanes) * a.scale;
@@ -125,9 +126,9 @@ void attend_scalar(const Rows& a, int64_t r0, int64_t r1, int64_t h) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = 0; j < n; ++j) {
         const uint16_t* vr = a.v_cache + slot_at(a, table, j) * stride + h * dim;
-        for (int64_t d = 0; d < dim; ++d) acc[d] = std::fma(scores[j], bf16_to_float(vr[d]), acc[d]);
+        for (int64_t d = 0; d < dim; ++d) acc[d] = std::fma(scores[j], half_to_float(vr[d]), acc[d]);
       }
-      for (int64_t d = 0; d < dim; ++d) dst[d] = float_to_bf16(acc[d] * inv);
+      for (int64_t d = 0; d < dim; ++d) dst[d] = acc[d] * inv;
     }
   }
 }
@@ -198,14 +199,14 @@ inline int64_t tile_lens(const Rows& a, const Tile& t, int64_t group, int64_t* l
   return n_max;
 }
 
-inline const uint16_t* q_row(const Rows& a, const Tile& t, int64_t group, int64_t rg) {
+inline const float* q_row(const Rows& a, const Tile& t, int64_t group, int64_t rg) {
   return a.q + ((t.r0 + rg / group) * a.heads + t.h * group + rg % group) * a.dim;
 }
 
 inline void store_row(const Rows& a, const Tile& t, int64_t group, int64_t rg, const float* values, float inv,
                       int64_t n) {
-  uint16_t* dst = a.out + ((t.r0 + rg / group) * a.heads + t.h * group + rg % group) * a.dim;
-  for (int64_t d = 0; d < a.dim; ++d) dst[d] = n == 0 ? 0 : float_to_bf16(values[d] * inv);
+  float* dst = a.out + ((t.r0 + rg / group) * a.heads + t.h * group + rg % group) * a.dim;
+  for (int64_t d = 0; d < a.dim; ++d) dst[d] = n == 0 ? 0.0f : values[d] * inv;
 }
 
 // -- AVX-512 --
@@ -217,9 +218,8 @@ inline void store_row(const Rows& a, const Tile& t, int64_t group, int64_t rg, c
 #define ARGOSY_ATTN_SCHED __attribute__((noinline, optimize("schedule-insns", "sched-pressure")))
 #endif
 
-ARGOSY_ATTN512 inline __m512 load_bf16(const uint16_t* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+ARGOSY_ATTN512 inline __m512 load_half(const uint16_t* p) {  // 16 fp16 -> fp32 (exact)
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 ARGOSY_ATTN512 inline __m512 exp512(__m512 x) {
@@ -275,7 +275,7 @@ ARGOSY_ATTN512 void chunk512(const Rows& a, const int64_t* table, int64_t h, int
   constexpr int64_t dim = C * kLanes;
   int64_t off[kChunk];
   offsets(a, table, h, j0, count, off);
-  if (kt != nullptr)  // 16 positions x 16 bf16 pairs (32 dims; 16 for the last of an odd C) at a time,
+  if (kt != nullptr)  // 16 positions x 16 fp16 pairs (32 dims; 16 for the last of an odd C) at a time,
     for (int64_t i0 = 0; i0 < kChunk; i0 += kLanes)  // transposed as 32-bit words
       for (int64_t d0 = 0; d0 < dim; d0 += 2 * kLanes) {
         const int pairs = dim - d0 >= 2 * kLanes ? kLanes : kLanes / 2;
@@ -290,16 +290,16 @@ ARGOSY_ATTN512 void chunk512(const Rows& a, const int64_t* table, int64_t h, int
         transpose16(r);  // r[e]: dims d0 + 2e (low half) and d0 + 2e + 1 (high half) of the 16 positions
         for (int e = 0; e < pairs; ++e) {
           const __m512i pair = _mm512_castps_si512(r[e]);
-          _mm512_store_ps(kt + (d0 + 2 * e) * kChunk + i0, _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)));
+          _mm512_store_ps(kt + (d0 + 2 * e) * kChunk + i0, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pair)));
           _mm512_store_ps(kt + (d0 + 2 * e + 1) * kChunk + i0,
-                          _mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(-65536))));
+                          _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pair, 16))));
         }
       }
   if (vf != nullptr)
     for (int64_t i = 0; i < count; ++i)
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c)
-        _mm512_store_ps(vf + i * dim + c * kLanes, load_bf16(a.v_cache + off[i] + c * kLanes));
+        _mm512_store_ps(vf + i * dim + c * kLanes, load_half(a.v_cache + off[i] + c * kLanes));
 }
 
 // the scores of one (row, head) pair (q: fp32) at W * NB positions (kt: their first column of a
@@ -321,7 +321,7 @@ ARGOSY_ATTN512 ARGOSY_ATTN_SCHED void qk512(const float* q, const float* kt, flo
           const int d = c * kLanes + 4 * quad + odd + 2 * e;
           const __m512 qb = _mm512_set1_ps(q[d]);
 #pragma GCC unroll 4
-          for (int b = 0; b < NB; ++b) {  // the chain's first term a plain product (exact: bf16 x bf16)
+          for (int b = 0; b < NB; ++b) {  // the chain's first term a plain product (= fma(q, k, 0))
             const __m512 k = _mm512_load_ps(kt + d * kChunk + b * kLanes);
             acc[b][e] = c == 0 ? _mm512_mul_ps(qb, k) : _mm512_fmadd_ps(qb, k, acc[b][e]);
           }
@@ -441,8 +441,8 @@ ARGOSY_ATTN512 inline void pv512_up_to(int64_t nv, const float* p, int64_t p_str
 // the pieces a tile takes from this path (called, not inlined: each carries its target)
 
 template <int C>
-ARGOSY_ATTN512 void widen512(const uint16_t* src, float* dst) {  // bf16 -> fp32 (exact)
-  for (int c = 0; c < C; ++c) _mm512_store_ps(dst + c * kLanes, load_bf16(src + c * kLanes));
+ARGOSY_ATTN512 void widen512(const float* src, float* dst) {  // q into aligned scratch
+  for (int c = 0; c < C; ++c) _mm512_store_ps(dst + c * kLanes, _mm512_loadu_ps(src + c * kLanes));
 }
 
 // scores at the first 16 * blocks positions of a chunk
@@ -469,9 +469,15 @@ ARGOSY_ATTN512 void values512(int64_t count, const float* p, int64_t p_stride, c
 
 constexpr int kW8 = 8;
 
-ARGOSY_ATTN256 inline __m256 load_bf16x8(const uint16_t* p) {
-  return _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+ARGOSY_ATTN256 inline __m256 load_half8(const uint16_t* p) {  // 8 fp16 -> fp32 (exact)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// the low (shift 0) or high (shift 16) fp16 of each 32-bit word, as fp32
+ARGOSY_ATTN256 inline __m256 halves8(__m256i words, int high) {
+  const __m256i picked = high ? _mm256_srli_epi32(words, 16) : _mm256_and_si256(words, _mm256_set1_epi32(0xffff));
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(picked, picked), 0x08);  // qwords 0, 2
+  return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
 }
 
 ARGOSY_ATTN256 inline __m256 exp256(__m256 x) {  // exp512's operations, 8 lanes
@@ -520,7 +526,7 @@ ARGOSY_ATTN256 void chunk256(const Rows& a, const int64_t* table, int64_t h, int
   constexpr int64_t dim = C * kLanes;
   int64_t off[kChunk];
   offsets(a, table, h, j0, count, off);
-  if (kt != nullptr)  // 8 positions x 8 bf16 pairs (16 dims) at a time, transposed as 32-bit words
+  if (kt != nullptr)  // 8 positions x 8 fp16 pairs (16 dims) at a time, transposed as 32-bit words
     for (int64_t i0 = 0; i0 < kChunk; i0 += kW8)
       for (int64_t d0 = 0; d0 < dim; d0 += 2 * kW8) {
         __m256 r[kW8];
@@ -532,16 +538,15 @@ ARGOSY_ATTN256 void chunk256(const Rows& a, const int64_t* table, int64_t h, int
 #pragma GCC unroll 8
         for (int e = 0; e < kW8; ++e) {
           const __m256i pair = _mm256_castps_si256(r[e]);
-          _mm256_store_ps(kt + (d0 + 2 * e) * kChunk + i0, _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16)));
-          _mm256_store_ps(kt + (d0 + 2 * e + 1) * kChunk + i0,
-                          _mm256_castsi256_ps(_mm256_and_si256(pair, _mm256_set1_epi32(-65536))));
+          _mm256_store_ps(kt + (d0 + 2 * e) * kChunk + i0, halves8(pair, 0));
+          _mm256_store_ps(kt + (d0 + 2 * e + 1) * kChunk + i0, halves8(pair, 1));
         }
       }
   if (vf != nullptr)
     for (int64_t i = 0; i < count; ++i)
 #pragma GCC unroll 16
       for (int c = 0; c < 2 * C; ++c)
-        _mm256_store_ps(vf + i * dim + c * kW8, load_bf16x8(a.v_cache + off[i] + c * kW8));
+        _mm256_store_ps(vf + i * dim + c * kW8, load_half8(a.v_cache + off[i] + c * kW8));
 }
 
 template <int C, int NB>
@@ -560,7 +565,7 @@ ARGOSY_ATTN256 ARGOSY_ATTN_SCHED void qk256(const float* q, const float* kt, flo
           const int d = c * kLanes + 4 * quad + odd + 2 * e;
           const __m256 qb = _mm256_broadcast_ss(q + d);
 #pragma GCC unroll 4
-          for (int b = 0; b < NB; ++b) {  // the chain's first term a plain product (exact: bf16 x bf16)
+          for (int b = 0; b < NB; ++b) {  // the chain's first term a plain product (= fma(q, k, 0))
             const __m256 k = _mm256_load_ps(kt + d * kChunk + b * kW8);
             acc[b][e] = c == 0 ? _mm256_mul_ps(qb, k) : _mm256_fmadd_ps(qb, k, acc[b][e]);
           }
@@ -679,8 +684,8 @@ ARGOSY_ATTN256 inline void pv256_up_to(int64_t nv, const float* p, int64_t p_str
 }
 
 template <int C>
-ARGOSY_ATTN256 void widen256(const uint16_t* src, float* dst) {
-  for (int c = 0; c < 2 * C; ++c) _mm256_store_ps(dst + c * kW8, load_bf16x8(src + c * kW8));
+ARGOSY_ATTN256 void widen256(const float* src, float* dst) {  // q into aligned scratch
+  for (int c = 0; c < 2 * C; ++c) _mm256_store_ps(dst + c * kW8, _mm256_loadu_ps(src + c * kW8));
 }
 
 template <int C>
@@ -812,9 +817,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& block_ids, const at::Tensor& mask,
                      int64_t block_size) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "attention: q, k, v must be [T, heads, D]");
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
-                  k_cache.scalar_type() == at::kBFloat16 && v_cache.scalar_type() == at::kBFloat16,
-              "attention: bfloat16 q, k, v and caches");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kHalf && v.scalar_type() == at::kHalf &&
+                  k_cache.scalar_type() == at::kHalf && v_cache.scalar_type() == at::kHalf,
+              "attention: float32 q; float16 k, v and caches");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "attention: caches must be contiguous");
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k.size(1);
   TORCH_CHECK(heads % kv_heads == 0 && dim % attn::kLanes == 0 && dim <= 128,
@@ -849,12 +854,12 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     lens[r] = first_false == nullptr ? ctx : static_cast<const bool*>(first_false) - (m + r * ctx);
   }
   auto out = at::empty({rows, heads * dim}, q.options());
-  attn::Rows a{reinterpret_cast<const uint16_t*>(qc.data_ptr<at::BFloat16>()),
-               reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>()),
-               reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::BFloat16>()),
+  attn::Rows a{qc.data_ptr<float>(),
+               reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::Half>()),
+               reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::Half>()),
                table,
                lens.data(),
-               reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()),
+               out.data_ptr<float>(),
                heads,
                kv_heads,
                dim,

@@ -1,5 +1,5 @@
 // What the invariant kernels (iq_linear.cpp, iq_attention.cpp) share: the kernel paths and
-// the run-time choice between them, bf16 conversions, and the fixed 16-value sum tree.
+// the run-time choice between them, fp16 and bf16 conversions, and the fixed 16-value sum tree.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -65,6 +65,8 @@ inline const char* path_name(int64_t path) {
     default: return "scalar";
   }
 }
+
+inline float half_to_float(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }  // exact
 
 inline float bf16_to_float(uint16_t bits) {
   uint32_t u = static_cast<uint32_t>(bits) << 16;

@@ -12,17 +12,22 @@
 // AVX-512 VNNI):
 //   1. Each row of x (bf16 or fp32) is quantized per group of 32 k, as llama.cpp's Q8_0:
 //      a = max |x|, dx = a / 127, xq = round-half-even(x * (127 / a)) in [-127, 127] (all 0 when
-//      a = 0); sq = the sum of xq, and sx = tree16(lane l: x[l] + x[l + 16]) (tree16:
-//      iq_common.h). A scalar routine and an AVX-512 one with the same operations (so the same
-//      bits); it depends on the row alone.
+//      a = 0); sq = the sum of xq, and ux = dx * float(sq) (the quantized group's sum). A scalar
+//      routine and an AVX-512 one with the same operations (so the same bits); it depends on
+//      the row alone.
 //   2. Per row, output and group: the integer dot product of xq with the codes (exact: int32);
-//      Q4 centres its codes, dot - 8 * sq = xq . (q - 8) (the error of quantizing x then scales
-//      with the centred weights, about half of it with Q4_1's uncentred ones).
+//      Q4 centres its codes, dot - 8 * sq = xq . (q - 8).
 //   3. Per row and output, the groups in k order, in fp32 with fused multiply-adds:
-//        Q4: acc = fma(d * dx, float(dot - 8 sq), acc); acc = fma(fma(8, d, m), sx, acc)
+//        Q4: acc = fma(d * dx, float(dot - 8 sq), acc); acc = fma(fma(8, d, m), ux, acc)
 //            (d q + m = d (q - 8) + (m + 8 d); Q4_0's m + 8 d is 0)
 //        Q8: acc = fma(d * dx, float(dot), acc)
 //      then rounded to bf16 (round-half-even) unless out_float32.
+//      So a group contributes the weights times the quantized x, sum over k of w_k * dx * xq_k
+//      (up to fp32 rounding), and its error is sum w_k * (dx * xq_k - x_k), as llama.cpp's. (The
+//      exact sum of x in the (m + 8 d) term instead, sum (w_k - m - 8 d) * (dx * xq_k - x_k),
+//      weighs the error by the weights' distance from the block's middle, not from 0: a block
+//      with one outlier has most of its weights far from its middle, and bench/quality.py's KL
+//      to the fp32 reference was 12% higher.)
 // Nothing is summed across threads or across k blocks in a different order: threads split the
 // outputs (tiles of 16), never k; rows are blocked for speed, but each output element is the
 // same chain of operations for any number of rows. So a token's logits are bit-identical
@@ -67,22 +72,19 @@ using namespace argosy_iq;
 struct QuantizedRows {
   std::vector<int8_t> q;    // [M, K]
   std::vector<float> dx;    // [M, G]
-  std::vector<float> sx;    // [M, G]
+  std::vector<float> ux;    // [M, G]
   std::vector<int32_t> sq;  // [M, G]
 };
 
 
-inline float half_to_float(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
-
 struct GroupQ {  // one group's quantization
-  float dx, sx;
+  float dx, ux;
   int32_t sq;
 };
 
 inline GroupQ quantize_group(const float* v, int8_t* q) {
-  float amax = 0.0f, pairs[16];
+  float amax = 0.0f;
   for (int i = 0; i < kGroup; ++i) amax = std::max(amax, std::fabs(v[i]));
-  for (int i = 0; i < 16; ++i) pairs[i] = v[i] + v[i + 16];
   const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
   int32_t qsum = 0;
   for (int i = 0; i < kGroup; ++i) {
@@ -90,18 +92,17 @@ inline GroupQ quantize_group(const float* v, int8_t* q) {
     q[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, scaled)));
     qsum += q[i];
   }
-  return {amax / 127.0f, tree16(pairs), qsum};
+  const float dx = amax / 127.0f;
+  return {dx, dx * static_cast<float>(qsum), qsum};
 }
 
 // quantize_group's operations on 32 values held as two vectors: the same products, the same
-// round-half-even and clamp, max and integer sums (order-free) and the same pairs and tree16,
+// round-half-even and clamp, max and integer sums (order-free) and the same dx * float(sq),
 // so the same bits (inputs holding NaN aside: the row fails as non-finite anyway)
 #define ARGOSY_Q512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 ARGOSY_Q512 inline GroupQ quantize_group_512(__m512 lo, __m512 hi, int8_t* q) {
   const float amax = std::max(0.0f, _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi))));
-  alignas(64) float pairs[16];
-  _mm512_store_ps(pairs, _mm512_add_ps(lo, hi));
   const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
   const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
   __m512i codes[2];
@@ -112,7 +113,9 @@ ARGOSY_Q512 inline GroupQ quantize_group_512(__m512 lo, __m512 hi, int8_t* q) {
     codes[h] = _mm512_cvtps_epi32(_mm512_min_ps(top, _mm512_max_ps(bottom, scaled)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(codes[h]));
   }
-  return {amax / 127.0f, tree16(pairs), _mm512_reduce_add_epi32(_mm512_add_epi32(codes[0], codes[1]))};
+  const int32_t qsum = _mm512_reduce_add_epi32(_mm512_add_epi32(codes[0], codes[1]));
+  const float dx = amax / 127.0f;
+  return {dx, dx * static_cast<float>(qsum), qsum};
 }
 
 ARGOSY_Q512 inline __m512 load16_bf16(const uint16_t* p) {
@@ -128,7 +131,7 @@ ARGOSY_Q512 void quantize_groups_512(const uint16_t* xb, const float* xf, int64_
     const __m512 hi = xb ? load16_bf16(xb + offset + 16) : _mm512_loadu_ps(xf + offset + 16);
     const GroupQ g = quantize_group_512(lo, hi, out.q.data() + offset);
     out.dx[rg] = g.dx;
-    out.sx[rg] = g.sx;
+    out.ux[rg] = g.ux;
     out.sq[rg] = g.sq;
   }
 }
@@ -138,7 +141,7 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups, bool vector) {
   QuantizedRows out;
   out.q.resize(static_cast<size_t>(rows * k));
   out.dx.resize(static_cast<size_t>(rows * groups));
-  out.sx.resize(static_cast<size_t>(rows * groups));
+  out.ux.resize(static_cast<size_t>(rows * groups));
   out.sq.resize(static_cast<size_t>(rows * groups));
   const bool is_bf16 = x.scalar_type() == at::kBFloat16;
   const uint16_t* xb = is_bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
@@ -158,7 +161,7 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups, bool vector) {
       }
       const GroupQ g = quantize_group(values, out.q.data() + offset);
       out.dx[rg] = g.dx;
-      out.sx[rg] = g.sx;
+      out.ux[rg] = g.ux;
       out.sq[rg] = g.sq;
     }
   });
@@ -220,7 +223,7 @@ void q4_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const uint
           const float dd = d * xr.dx[r * groups + g];
           const int32_t centred = dot - 8 * xr.sq[r * groups + g];
           acc[i] = std::fma(dd, static_cast<float>(centred), acc[i]);
-          acc[i] = std::fma(std::fma(8.0f, d, m), xr.sx[r * groups + g], acc[i]);
+          acc[i] = std::fma(std::fma(8.0f, d, m), xr.ux[r * groups + g], acc[i]);
         }
       }
       out.put(r, t * kTile, acc, kTile);
@@ -259,7 +262,7 @@ ARGOSY_AVX2 inline __m256i avx2_dot4(__m256i u8, __m256i s8) {  // per lane: 4 u
 }
 
 template <int R>
-ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, const float* sx, const int32_t* sq,
+ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, const float* ux, const int32_t* sq,
                               int64_t groups,
                               const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, float* res) {
   // res: R rows x 16 outputs
@@ -292,7 +295,7 @@ ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
         const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
         const __m256i centred = _mm256_sub_epi32(dot[r][h], _mm256_set1_epi32(8 * sq[r * groups + g]));
         acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(centred), acc[r][h]);
-        acc[r][h] = _mm256_fmadd_ps(c, _mm256_set1_ps(sx[r * groups + g]), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(c, _mm256_set1_ps(ux[r * groups + g]), acc[r][h]);
       }
     }
   }
@@ -340,7 +343,7 @@ ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, int6
 
 // R rows x T tiles at once (T tiles are consecutive in the layout)
 template <int R, int T>
-ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, int64_t k, const float* dx, const float* sx, const int32_t* sq,
+ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, int64_t k, const float* dx, const float* ux, const int32_t* sq,
                                    int64_t groups,
                                    const uint8_t* codes, const uint16_t* scales, const uint16_t* mins,
                                    float* res) {  // res: R rows x T*16 outputs
@@ -382,7 +385,7 @@ ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, int64_t k, const float* dx,
         const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g]));
         const __m512i centred = _mm512_sub_epi32(dot[r][t], _mm512_set1_epi32(8 * sq[r * groups + g]));
         acc[r][t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(centred), acc[r][t]);
-        acc[r][t] = _mm512_fmadd_ps(c, _mm512_set1_ps(sx[r * groups + g]), acc[r][t]);
+        acc[r][t] = _mm512_fmadd_ps(c, _mm512_set1_ps(ux[r * groups + g]), acc[r][t]);
       }
     }
   }
@@ -501,7 +504,7 @@ ARGOSY_AMX void q4_amx(const QuantizedRows& xr, const int8_t* xp, int64_t rows, 
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mn + g * kTile)));
         const __m512 c = _mm512_fmadd_ps(_mm512_set1_ps(8.0f), d, m);
         const float* dx = xr.dx.data() + r0 * groups + g;
-        const float* sx = xr.sx.data() + r0 * groups + g;
+        const float* ux = xr.ux.data() + r0 * groups + g;
         const int32_t* sq = xr.sq.data() + r0 * groups + g;
 #pragma GCC unroll 16
         for (int r = 0; r < 16; ++r) {
@@ -509,7 +512,7 @@ ARGOSY_AMX void q4_amx(const QuantizedRows& xr, const int8_t* xp, int64_t rows, 
           const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups]));
           const __m512i centred = _mm512_sub_epi32(_mm512_load_si512(dots + 16 * r), _mm512_set1_epi32(8 * sq[r * groups]));
           acc[r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(centred), acc[r]);
-          acc[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(sx[r * groups]), acc[r]);
+          acc[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(ux[r * groups]), acc[r]);
         }
       }
 #pragma GCC unroll 16
@@ -621,17 +624,17 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
       constexpr int R = decltype(rows_constant)::value;
       const int8_t* xq = xr.q.data() + r0 * k;
       const float* dx = xr.dx.data() + r0 * groups;
-      const float* sx = xr.sx.data() + r0 * groups;
+      const float* ux = xr.ux.data() + r0 * groups;
       const int32_t* sq = xr.sq.data() + r0 * groups;
       const uint8_t* c = cp + t0 * groups * 256;
       const uint16_t* s = sp + t0 * groups * kTile;
       const uint16_t* m = mp + t0 * groups * kTile;
       if (path >= kAvx512 && t1 - t0 == 2)
-        q4_avx512_block<R, 2>(xq, k, dx, sx, sq, groups, c, s, m, res);
+        q4_avx512_block<R, 2>(xq, k, dx, ux, sq, groups, c, s, m, res);
       else if (path >= kAvx512)
-        q4_avx512_block<R, 1>(xq, k, dx, sx, sq, groups, c, s, m, res);
+        q4_avx512_block<R, 1>(xq, k, dx, ux, sq, groups, c, s, m, res);
       else
-        q4_avx2_rows<R>(xq, k, dx, sx, sq, groups, c, s, m, res);
+        q4_avx2_rows<R>(xq, k, dx, ux, sq, groups, c, s, m, res);
       for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
     });
   });
