@@ -20,7 +20,12 @@ class EngineConfig:
     # auto: int4 from a GGUF's own Q4 blocks where the file has them, else the float weights
     quantization: str = "auto"  # auto | none | int4 | int8
     device: str = "cpu"
-    compile: str = "on"  # on | off: torch.compile the decode step at start-up (eager fallback)
+    # on | wait | off: torch.compile the decode step. on: in the background, at low priority,
+    # while steps run eagerly; the engine switches to the graphs between steps once they are all
+    # built (the same tokens: the invariant mode's compiled step gives the eager step's bits).
+    # wait: before the engine takes requests (the first steps already compiled). Either falls
+    # back to eager steps if compiling fails.
+    compile: str = "on"
     # on | off: Argosy's C++ ops (argosy/ops/csrc), built on first use; off: the Python ops.
     # Process-wide (argosy/process.py), set from the first model's config.
     native_ops: str = "on"
@@ -70,8 +75,8 @@ class EngineConfig:
             raise InvalidRequestError(
                 f"quantization must be none, int4, int8 or auto, got {self.quantization!r}", "quantization"
             )
-        if self.compile not in ("off", "on"):
-            raise InvalidRequestError(f"compile must be off or on, got {self.compile!r}", "compile")
+        if self.compile not in ("off", "on", "wait"):
+            raise InvalidRequestError(f"compile must be on, wait or off, got {self.compile!r}", "compile")
         if self.numerics not in ("auto", "fast", "invariant"):
             raise InvalidRequestError(
                 f"numerics must be auto, fast or invariant, got {self.numerics!r}", "numerics"

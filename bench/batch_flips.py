@@ -58,7 +58,7 @@ def main() -> None:
             model=args.model,
             dtype=args.dtype,
             quantization=args.quantization,
-            compile=args.compile,
+            compile="wait" if args.compile == "on" else "off",  # measured from the first step
             numerics=args.numerics,
             enable_prefix_caching=False,
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import shlex
@@ -31,6 +32,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -215,6 +218,10 @@ def run_system(
         started = time.monotonic()
         server = peers.RunningServer(spec, ctx, startup_timeout_s=args.startup_timeout)
         print(f"[{spec.name}] healthy after {time.monotonic() - started:.1f} s: {shlex.join(server.command)}")
+        if server.compiled_graphs_at_start is not None:
+            print(
+                f"[{spec.name}] decode graphs compiled ({server.compiled_graphs_at_start}) after {server.compile_wait_s:.1f} s more"
+            )
         try:
             asyncio.run(
                 run_phase(
@@ -229,6 +236,17 @@ def run_system(
                 )
             )
         finally:
+            if server.compiled_graphs_at_start is not None:
+                with contextlib.suppress(httpx.HTTPError):
+                    late = server.compile_state()[1] - server.compiled_graphs_at_start
+                    result.notes.append(
+                        f"{', '.join(names)}: measured after the decode graphs compiled; "
+                        + (
+                            f"{late} more compiled during the workloads"
+                            if late
+                            else "none compiled during the workloads"
+                        )
+                    )
             rss = server.stop()
             if rss is not None:
                 peak_rss.append(rss)

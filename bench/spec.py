@@ -104,6 +104,7 @@ def build(args: argparse.Namespace, speculative: str, k: int, ngram: tuple[int, 
         num_speculative_tokens=k,
         ngram_min=ngram[0],
         ngram_max=ngram[1],
+        compile="wait",  # measured from the first step
     )
     return LLMEngine(config)
 

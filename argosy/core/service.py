@@ -72,7 +72,9 @@ class ModelInfo:
     has_tools: bool = False  # tools and tool_choice work (its template's or our own tool prompt)
     speculative: str = "none"  # speculative decoding method (--speculative)
     weights: str | None = None  # how the weights are held and computed, e.g. "int4 (GGUF Q4 blocks) ..."
-    compiled_decode: bool | None = None  # decode steps run a torch.compile graph
+    compiled_decode: bool | None = None  # decode steps run a torch.compile graph now
+    compile_status: str | None = None  # off | compiling | ready | failed (EngineStats)
+    compiled_graphs: int | None = None  # decode graphs compiled in the process so far
     deterministic: bool | None = None  # tokens independent of batch, chunking, cache (--numerics invariant)
     dimensions: int | None = None  # embedding models: the vector's length
     memory_bytes: int | None = None  # loaded: weights and buffers (+ KV pool), as allocated
@@ -176,6 +178,9 @@ class ModelService:
 
     def model_info(self, state: str = "loaded") -> ModelInfo:
         description = self.description
+        # live: a background compile finishes while the model serves
+        stats = self.client.stats() if self.client.is_alive else None
+        compile_status = stats.compile_status if stats is not None else None
         return ModelInfo(
             id=self.model_id,
             created=self.created,
@@ -194,7 +199,9 @@ class ModelService:
             ),
             speculative=self.options.speculative,
             weights=description.weights,
-            compiled_decode=description.compiled_decode,
+            compiled_decode=compile_status == "ready" if compile_status else description.compiled_decode,
+            compile_status=compile_status,
+            compiled_graphs=stats.compiled_graphs if stats is not None else None,
             deterministic=description.deterministic,
             has_thinking=self._chat_profile is not None and self._chat_profile.has_reasoning,
             has_tools=self._chat_profile is not None,

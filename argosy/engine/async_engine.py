@@ -184,6 +184,8 @@ class AsyncEngine:
         self._stopped = True
         self._wakeup.set()
         self._thread.join(timeout=10)
+        if self._built.is_set() and self._build_error is None:
+            self.engine.stop_compiling()
 
     # -- engine thread -------------------------------------------------------------------
     def _send(self, command: _Add | _Abort) -> None:

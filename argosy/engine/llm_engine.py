@@ -7,8 +7,11 @@ drives it from a single thread.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
+import threading
 import time
 
 from argosy.config import QOS_CLASSES, EngineConfig
@@ -27,6 +30,7 @@ from argosy.models.build import (
 from argosy.models.source import ModelSource
 from argosy.ops.memory import release_free_memory
 from argosy.ops.native import native_ops_path
+from argosy.runner.compiled import compiled_graph_count
 from argosy.runner.model_runner import ModelRunner, StepResult, kv_bytes_per_block
 from argosy.runner.spec_decode import NgramProposer, Verified
 from argosy.runner.structured import TokenGuide
@@ -93,9 +97,17 @@ class LLMEngine:
             invariant=self.invariant,
         )
         # graphs: one row; up to max_int4_rows; above (BatchSwitchLinear's branch)
-        self.compiled = config.compile == "on" and self.runner.compile_decode(
-            [1, 2, 3, max_int4_rows(self.dtype, self.invariant) + 1]
-        )
+        row_counts = [1, 2, 3, max_int4_rows(self.dtype, self.invariant) + 1]
+        self.compile_status = "off"
+        self._compile_thread: threading.Thread | None = None
+        self._stop_compiling = threading.Event()
+        if config.compile == "wait":
+            self.compile_status = "ready" if self.runner.compile_decode(row_counts) else "failed"
+        elif config.compile == "on":
+            self.compile_status = "compiling"
+            self._compile_thread = threading.Thread(
+                target=self._compile_in_background, args=(row_counts,), name="argosy-compile", daemon=True
+            )
         self.weights = describe_weights(self.model, self.dtype)
         release_free_memory()
         self.sequences: dict[str, Sequence] = {}
@@ -105,7 +117,7 @@ class LLMEngine:
             self.source.architecture,
             str(self.dtype).removeprefix("torch."),
             self.weights,
-            self.compiled,
+            self.compile_status,
             self.num_blocks,
             config.block_size,
             self.max_model_len,
@@ -119,6 +131,44 @@ class LLMEngine:
                 config.ngram_min,
                 config.ngram_max,
             )
+        if self._compile_thread is not None:
+            self._compile_thread.start()
+
+    @property
+    def compiled(self) -> bool:
+        """Whether decode steps run the compiled graphs now."""
+        return self.runner.compiled is not None
+
+    def _compile_in_background(self, row_counts: list[int]) -> None:
+        """The compile thread: the graphs built at the lowest CPU priority (Linux takes a
+        thread's nice value, and the C++ compiler's processes inherit it) while the engine
+        thread steps eagerly; the runner switches to them between steps once all are built."""
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        started = time.perf_counter()
+        log.info(
+            "compiling the decode step in the background (%d graphs); serving with eager steps meanwhile",
+            len(row_counts),
+        )
+        try:
+            ready = self.runner.compile_decode(row_counts, self._stop_compiling)
+        except Exception:  # noqa: BLE001 - the engine serves eagerly whatever happens here
+            log.exception("compiling the decode step failed; decode steps stay eager")
+            ready = False
+        self.compile_status = "ready" if ready else "stopped" if self._stop_compiling.is_set() else "failed"
+        if ready:
+            log.info(
+                "compiled decode ready after %.1fs: decode steps run the compiled graphs from now on",
+                time.perf_counter() - started,
+            )
+        release_free_memory()
+
+    def stop_compiling(self, timeout: float = 0.0) -> None:
+        """Ask a background compile to stop after its current graph (the engine is closing);
+        wait up to `timeout` seconds for it."""
+        self._stop_compiling.set()
+        if self._compile_thread is not None and self._compile_thread.is_alive() and timeout > 0:
+            self._compile_thread.join(timeout)
 
     def describe(self) -> ModelDescription:
         source = self.source
@@ -145,7 +195,7 @@ class LLMEngine:
             generation_config=dict(source.generation_config),
             quantization=source.gguf_file_type,
             weights=self.weights,
-            compiled_decode=self.compiled,
+            compiled_decode=self.config.compile != "off",  # asked for (live: stats().compile_status)
             memory_bytes=model_memory_bytes(self.model) + kv_bytes,
             kernels=native_ops_path(self.invariant),
             deterministic=self.invariant,
@@ -363,4 +413,6 @@ class LLMEngine:
             spec_proposed_tokens=self.num_spec_proposed,
             spec_accepted_tokens=self.num_spec_accepted,
             spec_steps=self.num_spec_steps,
+            compile_status=self.compile_status,
+            compiled_graphs=compiled_graph_count() if self.compile_status != "off" else 0,
         )

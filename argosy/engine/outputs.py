@@ -57,6 +57,9 @@ class EngineStats:
     spec_proposed_tokens: int = 0  # draft tokens verified (speculative decoding)
     spec_accepted_tokens: int = 0  # of which accepted
     spec_steps: int = 0  # sequence-steps that verified a draft
+    # the compiled decode step: off | compiling | ready (steps run it) | failed (eager) | stopped
+    compile_status: str = "off"
+    compiled_graphs: int = 0  # graphs built so far (a bench checks none is built while it measures)
 
     @property
     def kv_cache_usage(self) -> float:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -115,6 +116,18 @@ class DecodeGraph(nn.Module):
             x = x + attn.o_proj(out.to(x.dtype))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return model.compute_logits(model.norm(x))
+
+
+def compiled_graph_count() -> int:
+    """How many decode graphs this process has compiled (dynamo's cache entries of the one
+    DecodeGraph.forward code object, every engine's together); 0 where torch's cache API is
+    not there."""
+    try:
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        return len(_debug_get_cache_entry_list(DecodeGraph.forward.__code__))
+    except Exception:  # noqa: BLE001 - an internal API
+        return 0
 
 
 class CompiledDecoder:
@@ -227,13 +240,19 @@ class CompiledDecoder:
         scratch_block: int,
         dtype: torch.dtype,
         row_counts: list[int],
+        stop: threading.Event | None = None,
     ) -> bool:
-        """Compile now (at start-up) on dummy rows that only touch the scratch block, once per
-        row count given (layers that switch on the batch size make one graph per side);
-        False (and eager from then on) on failure."""
+        """Compile now on dummy rows that only touch the scratch block, once per row count
+        given (layers that switch on the batch size make one graph per side); False (and eager
+        from then on) on failure, or when `stop` is set before the last graph. Safe beside
+        eager steps on another thread: dynamo's frame hook is per thread, and the dummy rows
+        write only the scratch block."""
         started = time.perf_counter()
         try:
             for i, count in enumerate(row_counts):
+                if stop is not None and stop.is_set():
+                    log.info("compiling the decode step stopped (the engine is shutting down)")
+                    return False
                 rows, blocks = count, MIN_BLOCKS + i
                 ids = torch.zeros(rows, dtype=torch.long)
                 positions = torch.zeros(rows, dtype=torch.long)
@@ -246,6 +265,13 @@ class CompiledDecoder:
                 # each graph's tracing garbage goes before the next: ~50 MB lower peak RSS
                 gc.collect()
                 release_free_memory()
+                log.info(
+                    "compiled decode graph %d of %d (%d rows) at %.1fs",
+                    i + 1,
+                    len(row_counts),
+                    count,
+                    time.perf_counter() - started,
+                )
         except Exception as exc:  # noqa: BLE001 - any compiler failure means: stay eager
             log.warning("torch.compile of the decode step failed (%s); decoding eagerly", exc)
             return False

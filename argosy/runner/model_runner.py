@@ -8,6 +8,7 @@ scheduler's call.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -101,11 +102,12 @@ class ModelRunner:
         self.sampler = Sampler(vocab_size, torch.Generator().manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
 
-    def compile_decode(self, row_counts: list[int]) -> bool:
-        """Compile the decode step now (start-up) for batches of these sizes (and all sizes
-        that share their graphs); False keeps every step eager."""
+    def compile_decode(self, row_counts: list[int], stop: threading.Event | None = None) -> bool:
+        """Compile the decode step for batches of these sizes (and all sizes that share their
+        graphs); False keeps every step eager. May run on another thread than the steps: the
+        steps take the graphs from the next one after they are all built."""
         compiled = CompiledDecoder(self.model, self.block_size, invariant=self.invariant)
-        if compiled.warm_up(self.k_all, self.v_all, self.scratch_block, self.dtype, row_counts):
+        if compiled.warm_up(self.k_all, self.v_all, self.scratch_block, self.dtype, row_counts, stop):
             self.compiled = compiled
         return self.compiled is not None
 

@@ -32,6 +32,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_compiled(base_url: str, model: str, timeout_s: float = 600.0) -> dict[str, Any]:
+    """The model's /v1/models capabilities once its background compile has ended (ready or
+    failed); the server answers meanwhile, with eager steps."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        caps: dict[str, Any] = httpx.get(f"{base_url}/v1/models/{model}", timeout=10).json()["capabilities"]
+        if caps["compile"] != "compiling" or time.monotonic() > deadline:
+            return caps
+        time.sleep(0.5)
+
+
 @dataclass
 class ServerProcess:
     model: str = "smollm2"

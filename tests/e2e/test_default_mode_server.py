@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.e2e.server import ServerProcess
+from tests.e2e.server import ServerProcess, wait_compiled
 from tests.e2e.test_seeded_invariance import NEIGHBOURS, seeded_text, texts_on_miss_and_hits
 
 MODEL = "smollm2-default"
@@ -43,9 +43,31 @@ def client(default_server: ServerProcess) -> openai.OpenAI:
     )
 
 
-def test_models_say_int4_invariant_and_compiled(default_server: ServerProcess, client: openai.OpenAI) -> None:
+def ask_greedy(client: openai.OpenAI) -> str:
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=24)
+    return reply.choices[0].message.content or ""
+
+
+def test_it_serves_while_compiling_and_the_switch_changes_no_token(
+    default_server: ServerProcess, client: openai.OpenAI
+) -> None:
+    """The server answers as soon as the weights are loaded, decoding eagerly while the graphs
+    compile in the background, then switches to them between steps: the same greedy text
+    before and after (the invariant mode's compiled step gives the eager step's bits)."""
     caps = client.models.retrieve(MODEL).model_extra["capabilities"]  # type: ignore[index]
-    assert caps["compiled_decode"] is True
+    before = ask_greedy(client)
+    if caps["compile"] == "compiling":  # a warm compile cache can finish before the first look
+        assert caps["compiled_decode"] is False
+        assert "compiling the decode step in the background" in default_server.log_text()
+    caps = wait_compiled(default_server.base_url, MODEL)
+    assert caps["compile"] == "ready" and caps["compiled_decode"] is True
+    assert "compiled decode ready after" in default_server.log_text()
+    assert ask_greedy(client) == before
+
+
+def test_models_say_int4_invariant_and_compiled(default_server: ServerProcess, client: openai.OpenAI) -> None:
+    caps = wait_compiled(default_server.base_url, MODEL)
+    assert caps["compiled_decode"] is True and caps["compile"] == "ready"
     assert caps["deterministic"] is True
     assert caps["weights"] == (
         "int4 (GGUF Q4 blocks), int8 output head (invariant kernels: every row count, fp32 logits)"

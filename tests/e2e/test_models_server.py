@@ -22,7 +22,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.e2e.server import ServerProcess
+from tests.e2e.server import ServerProcess, wait_compiled
 from tests.e2e.server import models_server as start_models_server
 
 # "What is the capital of France?" is a near tie on the default (invariant, Q4 + int8
@@ -85,7 +85,9 @@ def test_only_the_first_model_loads_at_start_up(models_server: ServerProcess, cl
     assert health["status"] == "ok" and health["models"]["smollm2"] == "loaded"
     listed = {m.id: m.model_extra["capabilities"] for m in client.models.list().data}  # type: ignore[index]
     assert set(listed) == {"smollm2", "plain", "minilm"}
-    assert listed["smollm2"]["kind"] == "chat" and listed["smollm2"]["compiled_decode"] is True
+    assert listed["smollm2"]["kind"] == "chat" and listed["smollm2"]["compile"] in ("compiling", "ready")
+    caps = wait_compiled(models_server.base_url, "smollm2")  # compiled in the background
+    assert caps["compile"] == "ready" and caps["compiled_decode"] is True
     assert listed["minilm"]["kind"] == "embedding" and listed["minilm"]["aliases"] == ["all-MiniLM-L6-v2"]
 
 
@@ -103,6 +105,7 @@ def test_a_burst_for_an_unloaded_model_loads_it_once(
         caps["state"] == "loaded"
         and caps["weights"].startswith("bfloat16")
         and caps["compiled_decode"] is False
+        and caps["compile"] == "off"
     )
     assert "Paris" in ask(client, "smollm2")  # the default-mode model still answers beside it
 

@@ -1,4 +1,4 @@
-"""The compiled decode path (EngineConfig.compile="on") computes what the eager path does.
+"""The compiled decode path (EngineConfig.compile="wait") computes what the eager path does.
 
 torch.compile of the tiny models takes ~10-30 s per engine, so the engines here are few and
 each one is asked a lot: a mixed batch (prefill chunks beside decodes, seeded sampling,
@@ -45,7 +45,7 @@ def mixed_requests(tiny: TinyModel) -> dict[str, tuple[list[int], SamplingParams
 def test_compiled_steps_equal_eager_steps(tiny: TinyModel) -> None:
     requests = mixed_requests(tiny)
     eager = run(tiny.engine(), requests)
-    engine = tiny.engine(compile="on", **SPEC)
+    engine = tiny.engine(compile="wait", **SPEC)
     assert engine.compiled and engine.runner.compiled is not None
     compiled = run(engine, requests)
     assert engine.runner.num_compiled_steps > 10  # decode-only steps went through the graph
@@ -58,12 +58,40 @@ def test_compiled_steps_equal_eager_steps(tiny: TinyModel) -> None:
     assert_all_blocks_free(engine)
 
 
+def test_a_background_compile_serves_eagerly_then_switches_between_steps(tiny_llama: TinyModel) -> None:
+    """compile="on": the engine takes requests at once, with eager steps, while a low-priority
+    thread builds the graphs; once they are all built the next steps run them, and the
+    tokens are the ones eager steps give."""
+    requests = {f"q{i}": (prompt(9 + 4 * i, seed=700 + i), greedy(24)) for i in range(3)}
+    eager = run(tiny_llama.engine(), requests)
+    engine = tiny_llama.engine(compile="on")
+    assert engine.stats().compile_status == "compiling"
+    during = run(engine, requests)  # served while compiling (or just after, on a warm cache)
+    assert engine._compile_thread is not None
+    engine._compile_thread.join(timeout=600)
+    stats = engine.stats()
+    assert stats.compile_status == "ready" and engine.compiled and stats.compiled_graphs >= 1
+    steps_before = engine.runner.num_compiled_steps
+    after = run(engine, requests)
+    assert engine.runner.num_compiled_steps > steps_before  # the graphs serve now
+    for rid in requests:
+        assert during[rid].token_ids == eager[rid].token_ids == after[rid].token_ids, rid
+    assert_all_blocks_free(engine)
+
+
+def test_a_background_compile_stops_when_the_engine_closes(tiny_llama: TinyModel) -> None:
+    engine = tiny_llama.engine(compile="on")
+    engine.stop_compiling(timeout=600)
+    assert engine.stats().compile_status in ("stopped", "ready")  # ready: it beat the stop
+    assert engine._compile_thread is not None and not engine._compile_thread.is_alive()
+
+
 def test_compiled_steps_under_preemption(tiny_llama: TinyModel) -> None:
     cfg = tiny_llama.reference.config
     per_block = kv_bytes_per_block(cfg.num_hidden_layers, 16, cfg.num_key_value_heads, 16, torch.float32)
     requests = {f"q{i}": (prompt(18 + 3 * i, seed=300 + i), greedy(32)) for i in range(6)}
     roomy = run(tiny_llama.engine(), requests)
-    engine = tiny_llama.engine(compile="on", kv_cache_memory=9 * per_block)
+    engine = tiny_llama.engine(compile="wait", kv_cache_memory=9 * per_block)
     assert engine.num_blocks == 9
     tight = run(engine, requests)
     assert engine.stats().num_preemptions > 0
@@ -93,7 +121,7 @@ def test_garbage_collection_during_a_compiled_step_and_a_failing_graph(tiny_llam
     guarded one). Then a graph that raises: that step reruns eagerly."""
     requests = {f"c{i}": (prompt(5 + 7 * i, seed=60 + i), greedy(40)) for i in range(3)}
     eager = run(tiny_llama.engine(), requests)
-    engine = tiny_llama.engine(compile="on")
+    engine = tiny_llama.engine(compile="wait")
     compiled = engine.runner.compiled
     assert compiled is not None
     run_warm, threshold, calls = compiled._run_warm, gc.get_threshold(), itertools.count()

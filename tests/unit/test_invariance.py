@@ -164,7 +164,7 @@ def test_the_compiled_decode_step_gives_the_eager_step_bits() -> None:
     from argosy.runner.compiled import CompiledDecoder
 
     # the server's KV pool: the same graphs as the default-mode e2e server's (inductor's cache)
-    llm = engine(compile="on", kv_cache_memory=EngineConfig().kv_cache_memory)
+    llm = engine(compile="wait", kv_cache_memory=EngineConfig().kv_cache_memory)
     compiled = llm.runner.compiled
     assert compiled is not None
     captured: list[tuple[torch.Tensor, ...]] = []

@@ -48,6 +48,8 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "speculative_decoding": info.speculative,
             "weights": info.weights,
             "compiled_decode": info.compiled_decode,
+            "compile": info.compile_status,
+            "compiled_graphs": info.compiled_graphs,
             "deterministic": info.deterministic,
         }
     return {
