@@ -29,8 +29,11 @@ lint: install
 	$(BIN)/ruff format --check argosy tests bench
 	$(BIN)/mypy argosy
 
+# CI stops a run at 90 minutes without a word: past this budget the suite stops itself, with
+# its summary and the slowest tests (tests/conftest.py)
+ARGOSY_TEST_BUDGET_S ?= 4500
 test: lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	ARGOSY_TEST_BUDGET_S=$(ARGOSY_TEST_BUDGET_S) $(BIN)/python -m pytest -v -p no:cacheprovider --durations=30
 
 # schema-driven fuzzing, long run: 360 examples per operation and mode (>10,000 cases in all)
 FUZZ_EXAMPLES ?= 360

@@ -2,7 +2,7 @@
 
 `load_native_ops()` compiles argosy/ops/csrc/*.cpp once per machine (~30 s; the build is
 cached under ~/.cache/argosy/torch_extensions, keyed by the sources and flags, and shared
-by processes through a lock file) and registers the ops under torch.ops.argosy_ext. It
+by processes through a lock that a killed build does not leave behind) and registers the ops under torch.ops.argosy_ext. It
 returns False when there is no compiler or the build fails; callers then use the Python ops,
 which compute the same thing. `set_native_ops_enabled(False)` (the `--native-ops off` flag, set
 once at start-up) disables them.
@@ -10,6 +10,7 @@ once at start-up) disables them.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import time
@@ -44,15 +45,26 @@ def _build(name: str, sources: list[Path], cflags: list[str], directory: Path) -
         from torch.utils import cpp_extension
 
         directory.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(
-            name=name,
-            sources=[str(s) for s in sources],
-            extra_cflags=["-O3", "-fopenmp", *cflags],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-            is_python_module=False,
-            verbose=False,
-        )
+        # torch's builder waits while its `lock` file exists, and a builder that was killed
+        # (a first start stopped mid-build) leaves it behind: every later start would wait
+        # forever. So builders take an flock first (the kernel drops it when its holder dies),
+        # and whoever holds it removes a `lock` no live builder can own.
+        guard = open(directory / "argosy-build.flock", "a+")  # noqa: SIM115 - held across the build
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        stale = directory / "lock"
+        if stale.exists():
+            log.warning("removing %s left by a build that was stopped", stale)
+            stale.unlink(missing_ok=True)
+        with guard:
+            cpp_extension.load(
+                name=name,
+                sources=[str(s) for s in sources],
+                extra_cflags=["-O3", "-fopenmp", *cflags],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                is_python_module=False,
+                verbose=False,
+            )
     except Exception as exc:  # noqa: BLE001 - whatever failed, the caller falls back
         return exc
     return None
@@ -127,7 +139,7 @@ def _register_invariant_fakes() -> None:
         return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
 
     @torch.library.register_fake("argosy_iq::q8_linear")
-    def _(x, codes, wsum, scales, out_features, out_float32):  # type: ignore[no-untyped-def]
+    def _(x, codes, wsum, scales, mins, out_features, out_float32):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
 
 
