@@ -78,6 +78,7 @@ class ModelInfo:
     deterministic: bool | None = None  # tokens independent of batch, chunking, cache (--numerics invariant)
     dimensions: int | None = None  # embedding models: the vector's length
     memory_bytes: int | None = None  # loaded: weights and buffers (+ KV pool), as allocated
+    tensor_formats: dict[str, str] | None = None  # a GGUF's types per weight role
     error: str | None = None  # failed: why it did not load
 
 
@@ -206,6 +207,7 @@ class ModelService:
             has_thinking=self._chat_profile is not None and self._chat_profile.has_reasoning,
             has_tools=self._chat_profile is not None,
             memory_bytes=description.memory_bytes,
+            tensor_formats=description.tensor_formats,
         )
 
     def engine_stats(self) -> tuple[EngineStats, int]:

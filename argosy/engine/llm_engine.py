@@ -27,6 +27,7 @@ from argosy.models.build import (
     model_memory_bytes,
     resolve_numerics,
 )
+from argosy.models.gguf_config import GGUF_TENSOR_TYPES_KEY, tensor_formats
 from argosy.models.source import ModelSource
 from argosy.ops.memory import release_free_memory
 from argosy.ops.native import native_ops_path
@@ -199,6 +200,7 @@ class LLMEngine:
             memory_bytes=model_memory_bytes(self.model) + kv_bytes,
             kernels=native_ops_path(self.invariant),
             deterministic=self.invariant,
+            tensor_formats=tensor_formats(source.hf_config.get(GGUF_TENSOR_TYPES_KEY)),
         )
 
     # -- requests ------------------------------------------------------------------------

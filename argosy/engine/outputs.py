@@ -91,6 +91,9 @@ class ModelDescription:
     memory_bytes: int  # weights and buffers plus the KV pool, as allocated
     kernels: str = "python"  # the ops the steps run: native+amx | native | python (native_ops_path)
     deterministic: bool = False  # --numerics invariant: a request's tokens do not depend on its batch
+    tensor_formats: dict[str, str] | None = (
+        None  # a GGUF's types per weight role (gguf_config.tensor_formats)
+    )
 
     def encode(self, text: str) -> list[int]:
         """A raw prompt's token ids, with the BOS the model's tokenizer config asks for."""

@@ -17,9 +17,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from argosy.errors import ModelLoadError
-from argosy.models.gguf_quant import INT4_FILE
+from argosy.models.gguf_quant import BLOCKS_FILE, INT4_FILE
 from argosy.models.llama import DecoderForCausalLM, RMSNorm
-from argosy.models.quantize import apply_int4, apply_int8, apply_int8_head
+from argosy.models.quantize import apply_blocks, apply_int4, apply_int8, apply_int8_head, block_codes_of
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
 from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
@@ -69,7 +69,7 @@ def resolve_numerics(
 ) -> tuple[bool, torch.dtype]:
     """(invariant?, the model dtype) for `--numerics`: fast; invariant (refused with the
     reason where it cannot run); auto, the default: invariant where the weights are quantized
-    (a GGUF's Q4 blocks under quantization auto, or int4/int8 asked) and its kernels run here,
+    (a GGUF's blocks under quantization auto, or int4/int8 asked) and its kernels run here,
     else fast (float weights stay float: the invariant kernels are quantized ones). The
     invariant mode computes in int8 and float32 and stores bfloat16 (no bf16 arithmetic),
     so dtype auto is bfloat16 for it on any CPU."""
@@ -83,7 +83,8 @@ def resolve_numerics(
             raise ModelLoadError(f"--numerics invariant: {why}")
         return True, storage
     quantized = quantization in ("int4", "int8") or (
-        quantization == "auto" and (Path(source.weights_dir) / INT4_FILE).exists()
+        quantization == "auto"
+        and any((Path(source.weights_dir) / name).exists() for name in (INT4_FILE, BLOCKS_FILE))
     )
     if quantized and why is not None:
         log.info("numerics: fast, not invariant (%s)", why)
@@ -213,18 +214,28 @@ def _quantize(
     def rows_of(names: list[str]) -> Callable[[int, int], torch.Tensor] | None:
         return file_rows(files, names) if invariant else None
 
+    # a GGUF's other block formats (Q8_0 ... Q6_K) as their own int8 codes, on the invariant kernels
+    codes_file = Path(source.weights_dir) / BLOCKS_FILE
+    own_codes = load_file(str(codes_file)) if invariant and mode != "int8" and codes_file.exists() else {}
     if mode == "int8":
         count = apply_int8(model, dtype, invariant, rows_of)
-    elif blocks_file.exists():
-        count = apply_int4(model, load_file(str(blocks_file)), dtype, max_int4_rows, invariant)
-        if invariant:  # projections without 4-bit blocks: int8, so every layer runs the kernels
+    elif blocks_file.exists() or own_codes:
+        count = (
+            apply_int4(model, load_file(str(blocks_file)), dtype, max_int4_rows, invariant)
+            if blocks_file.exists()
+            else 0
+        )
+        if invariant:  # the rest: their own codes, else int8, so every layer runs the kernels
+            count += apply_blocks(model, own_codes, dtype)
             count += apply_int8(model, dtype, invariant, rows_of)
         elif dtype != torch.float32:  # float32 asks for precision: its head stays exact
             # the native int8 kernel serves any number of rows (2+; torch's serves one): no
             # float twin of the head (57 MB of SmolLM2's peak memory)
             apply_int8_head(model, dtype, 0 if native_qlinear(dtype) else max_int4_rows, float_output=True)
     elif mode == "int4":
-        raise ModelLoadError("int4 uses a GGUF file's own Q4_0/Q4_1 blocks; this model has none (try int8)")
+        raise ModelLoadError(
+            "int4 uses a GGUF file's own blocks (Q4_0 ... Q6_K); this model has none (try int8)"
+        )
     elif invariant:  # auto without 4-bit blocks: int8, which the invariant kernels serve
         count = apply_int8(model, dtype, invariant, rows_of)
     else:
@@ -232,7 +243,10 @@ def _quantize(
     if invariant:  # the head on the same kernels, its logits in float32
         tied = model.lm_head.weight is model.embed_tokens.weight
         head_rows = _head_rows(model, files)
-        apply_int8_head(model, dtype, invariant=True, float_output=True, weight_rows=head_rows)
+        head_codes = block_codes_of(own_codes, ["model.embed_tokens.weight" if tied else "lm_head.weight"])
+        apply_int8_head(
+            model, dtype, invariant=True, float_output=True, weight_rows=head_rows, blocks=head_codes
+        )
         head = model.lm_head
         # a tied Q8_0 table: the tokens' embeddings from the head's codes, exact in float32 as
         # llama.cpp reads them (a bf16 table rounds them to 8 bits), and no bf16 copy of the
@@ -256,7 +270,13 @@ def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
     int8_head = isinstance(head, Int8Linear) or (
         isinstance(head, BatchSwitchLinear) and isinstance(head.small, Int8Linear)
     )
-    int4 = "int4 (GGUF Q4 blocks)" + (", int8 output head" if int8_head else "")
+    projections = [m for name, m in model.named_modules() if name != "lm_head"]
+    own = any(isinstance(m, Int8Linear) and m.own_codes for m in projections)
+    held = [
+        *(["int4 (GGUF Q4 blocks)"] if any(isinstance(m, Int4Linear) for m in projections) else []),
+        *(["int8 codes of the GGUF's other blocks"] if own else []),
+    ]
+    int4 = ", ".join(held) + (", int8 output head" if int8_head else "")
     if any(getattr(m, "invariant", False) for m in model.modules()):
         int4 += " (invariant kernels: every row count, fp32 logits)" if int8_head else " (invariant kernels)"
     switches = [m for m in model.modules() if isinstance(m, BatchSwitchLinear)]
@@ -267,7 +287,7 @@ def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
         )
     if switches:
         return f"{int4} for steps of <= {switches[0].max_small_rows} rows, {float_kind} above"
-    if Int4Linear in kinds:
+    if held:
         return int4
     if Int8Linear in kinds:
         return "int8 (per channel)"

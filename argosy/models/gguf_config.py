@@ -8,6 +8,7 @@ converted folder is an ordinary Hugging Face folder.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -27,6 +28,26 @@ _MISTRAL = ("MistralForCausalLM", "mistral")
 
 # The key under which the converted config.json records the GGUF's quantization, e.g. "Q4_1".
 GGUF_FILE_TYPE_KEY = "argosy_gguf_file_type"
+# ... and each weight matrix's own type, {HF name: "Q4_K"} (a Q4_K_M file mixes them)
+GGUF_TENSOR_TYPES_KEY = "argosy_gguf_tensor_types"
+
+_LAYER_PREFIX = re.compile(r"^model\.layers\.\d+\.")
+
+
+def tensor_formats(types: dict[str, str] | None) -> dict[str, str] | None:
+    """Per role of a weight matrix (self_attn.q_proj, mlp.down_proj, embed_tokens, lm_head),
+    the GGUF types its tensors have across layers, commonest first: {"mlp.down_proj": "Q6_K x9,
+    Q5_0 x9"}; None for a model not converted from a GGUF."""
+    if not types:
+        return None
+    roles: dict[str, Counter[str]] = {}
+    for name, kind in types.items():
+        role = _LAYER_PREFIX.sub("", name).removeprefix("model.").removesuffix(".weight")
+        roles.setdefault(role, Counter())[kind] += 1
+    return {
+        role: ", ".join(kind if len(counts) == 1 else f"{kind} x{n}" for kind, n in counts.most_common())
+        for role, counts in sorted(roles.items())
+    }
 
 
 def read_gguf_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:

@@ -8,6 +8,8 @@ converted GGUF exactly like a downloaded model:
     tokenizer.json, tokenizer_config.json (chat_template, bos/eos, add_bos_token)
     model.safetensors            or model-0000i-of-0000n.safetensors + model.safetensors.index.json
     argosy-int4.safetensors      Q4_0/Q4_1 weights' own 4-bit codes, scales and mins (if any)
+    argosy-blocks.safetensors    Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K weights as int8 codes, scales and
+                                 mins (if any), exactly their values (gguf_quant.block_codes)
 
 Weights are dequantized to float32: every Q4_0/Q4_1/Q8_0/F16/BF16 value is exactly
 representable there, so the HF weights equal what llama.cpp computes with (bfloat16 would round
@@ -30,13 +32,14 @@ from safetensors.numpy import save_file
 
 from argosy.errors import ModelLoadError
 from argosy.models.gguf_config import (
+    GGUF_TENSOR_TYPES_KEY,
     build_generation_config,
     build_hf_config,
     gguf_file_type_name,
     read_gguf_metadata,
 )
-from argosy.models.gguf_quant import INT4_FILE, iter_int4_tensors
-from argosy.models.gguf_tensors import iter_hf_tensors
+from argosy.models.gguf_quant import BLOCKS_FILE, INT4_FILE, iter_block_tensors, iter_int4_tensors
+from argosy.models.gguf_tensors import hf_tensor_name, iter_hf_tensors
 from argosy.models.gguf_tokenizer import build_tokenizer, build_tokenizer_config
 
 # Shards bound peak memory while writing (a shard is held whole by safetensors) and keep each
@@ -59,6 +62,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path, max_shard_bytes: int = MAX_SHAR
     tensor_names = {tensor.name for tensor in reader.tensors}
     file_type = gguf_file_type_name(metadata, [tensor.tensor_type for tensor in reader.tensors])
     config = build_hf_config(metadata, tensor_names, file_type)
+    config[GGUF_TENSOR_TYPES_KEY] = {
+        name: tensor.tensor_type.name
+        for tensor in reader.tensors
+        if len(tensor.shape) == 2 and (name := hf_tensor_name(tensor.name)) is not None
+    }
 
     # Build the tokenizer first: it is the cheapest thing to fail on.
     tokenizer = build_tokenizer(metadata)
@@ -69,6 +77,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, max_shard_bytes: int = MAX_SHAR
     int4 = dict(iter_int4_tensors(reader, config))
     if int4:  # the file's own 4-bit blocks, for weight-only int4 matmuls
         save_file(int4, str(out_dir / INT4_FILE), metadata={"format": "argosy-int4-g32"})
+    codes = dict(iter_block_tensors(reader, config))
+    if codes:  # the other block formats' own codes, for the int8 kernels
+        save_file(codes, str(out_dir / BLOCKS_FILE), metadata={"format": "argosy-int8-codes"})
     _write_json(out_dir / "config.json", config)
     return config
 

@@ -29,7 +29,7 @@ from argosy.models.source import ModelSource
 
 # Bump when the converter's output changes, so folders written by an older converter are
 # not reused.
-CONVERTER_VERSION = 2  # 2: argosy-int4.safetensors
+CONVERTER_VERSION = 3  # 2: argosy-int4.safetensors; 3: argosy-blocks.safetensors
 
 _GGUF_MAGIC = b"GGUF"
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from argosy.models.llama import DecoderForCausalLM
-from argosy.ops.quantized_linear import BatchSwitchLinear, Int4Linear, Int8Linear
+from argosy.ops.quantized_linear import BatchSwitchLinear, BlockCodes, Int4Linear, Int8Linear
 
 # our fused module -> the HF weights it is made of, in order
 _FUSED_PARTS = {
@@ -55,6 +55,36 @@ def apply_int4(
     return count
 
 
+def block_codes_of(blocks: dict[str, torch.Tensor], names: list[str]) -> BlockCodes | None:
+    """The weights `names` as one BlockCodes (a fused layer's parts stacked), or None if one
+    of them has no codes in the file (argosy-blocks.safetensors)."""
+    if not all(f"{n}.codes" in blocks for n in names):
+        return None
+    return BlockCodes.cat(
+        [BlockCodes(blocks[f"{n}.codes"], blocks[f"{n}.scales"], blocks.get(f"{n}.mins")) for n in names]
+    )
+
+
+def apply_blocks(model: DecoderForCausalLM, blocks: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
+    """The file's own int8-form codes (Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) on the invariant
+    kernels for every float projection whose parts all have them; returns the number swapped."""
+    count = 0
+    for i in range(model.config.num_layers):
+        for fused, parts in _FUSED_PARTS.items():
+            path = f"layers.{i}.{fused}"
+            current = model.get_submodule(path)
+            codes = block_codes_of(blocks, [f"model.layers.{i}.{p}.weight" for p in parts])
+            if not isinstance(current, nn.Linear) or codes is None:
+                continue
+            try:
+                layer = Int8Linear(None, current.bias, dtype, invariant=True, blocks=codes)
+            except ValueError:  # a code of -128: the float weights serve
+                continue
+            _replace(model, path, layer)
+            count += 1
+    return count
+
+
 def apply_int8(
     model: DecoderForCausalLM,
     dtype: torch.dtype,
@@ -84,16 +114,33 @@ def apply_int8_head(
     invariant: bool = False,
     float_output: bool = False,
     weight_rows: Callable[[int, int], torch.Tensor] | None = None,
+    blocks: BlockCodes | None = None,
 ) -> None:
     """An int8 (per output channel) copy of the output head, for steps of at most
     max_int8_rows rows when given (the float head serves the rest): at one row it reads half
     the bytes of bf16 (0.95 vs 1.34 ms for SmolLM2's 49152 x 576 head, 2 threads), but int8's
     kernel slows with rows (3.3 ms at 8). A tied head keeps the embeddings in float.
     `float_output`: logits in float32 where the invariant kernels serve the head;
-    `weight_rows`: the head's rows as the files hold them (Int8Linear)."""
+    `weight_rows`: the head's rows as the files hold them, `blocks`: its own codes (Int8Linear)."""
     head = model.lm_head
     assert isinstance(head, nn.Linear)
-    int8 = Int8Linear(
-        head.weight, head.bias, dtype, invariant=invariant, float_output=float_output, weight_rows=weight_rows
-    )
+    try:
+        int8 = Int8Linear(
+            head.weight,
+            head.bias,
+            dtype,
+            invariant=invariant,
+            float_output=float_output,
+            weight_rows=weight_rows,
+            blocks=blocks,
+        )
+    except ValueError:  # its own codes hold a -128: requantized from the weights instead
+        int8 = Int8Linear(
+            head.weight,
+            head.bias,
+            dtype,
+            invariant=invariant,
+            float_output=float_output,
+            weight_rows=weight_rows,
+        )
     model.lm_head = BatchSwitchLinear(int8, head, max_int8_rows) if max_int8_rows else int8  # type: ignore[assignment]

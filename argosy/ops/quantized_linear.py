@@ -4,7 +4,9 @@ Int4Linear takes a GGUF Q4_0/Q4_1 weight's own codes, scales and minimums (no re
 torch's int4 kernel computes w = (code - 8) * scale + zero per group of 32 along K, so
 scale = d and zero = m + 8 d reproduce the file's d * code + m. The codes are bit-exact; the
 scale and zero are held in the activation dtype (bfloat16 rounds the file's fp16 d and m).
-Int8Linear quantizes any float weight symmetrically per output channel.
+Int8Linear quantizes any float weight symmetrically per output channel (on the invariant
+kernels: per group of 32, as Q8_0), or takes a GGUF block format's own int8 codes, scales and
+minimums (BlockCodes: Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, exactly their values).
 
 In bfloat16, where the native ops are built with AMX (argosy/ops/csrc/qlinear.cpp), both
 also hold their codes in that op's tiled layout: its exact dot products unpack a weight once
@@ -17,6 +19,7 @@ with the native int4 kernel, ad-hoc engine probe).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -108,17 +111,62 @@ def q8_group_codes(
     return codes, scales
 
 
+@dataclass
+class BlockCodes:
+    """A weight as int8 codes times a float32 scale per G weights along K (G = 32 or 16), plus
+    a float32 minimum per 32 where the format has one: what q8_linear computes with. Every GGUF
+    block format from Q8_0 to Q6_K holds its values so exactly (argosy/models/gguf_quant.py)."""
+
+    codes: torch.Tensor  # int8 [N, K]
+    scales: torch.Tensor  # float32 [N, K/G]
+    mins: torch.Tensor | None = None  # float32 [N, K/32]
+
+    @property
+    def group(self) -> int:
+        return self.codes.shape[1] // self.scales.shape[1]
+
+    @staticmethod
+    def cat(parts: list[BlockCodes]) -> BlockCodes:
+        """Parts of a fused layer stacked along N, in one form: scales per 16 if any part has
+        them (a per-32 scale is the same for both halves), zero mins for parts without."""
+        group = min(part.group for part in parts)
+        scales = [p.scales.float().repeat_interleave(p.group // group, dim=1) for p in parts]
+        with_mins = any(p.mins is not None for p in parts)
+        mins = [
+            p.mins.float()
+            if p.mins is not None
+            else torch.zeros(p.codes.shape[0], p.codes.shape[1] // GROUP_SIZE)
+            for p in parts
+        ]
+        return BlockCodes(
+            torch.cat([p.codes for p in parts]), torch.cat(scales), torch.cat(mins) if with_mins else None
+        )
+
+
 def invariant_q8_layout(
-    codes: torch.Tensor, scales: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """int8 codes [N, K] and float16 scales [N, K/32] -> the invariant kernel's layout: codes
-    [N/16, K/4, 16, 4], each group's code sum int32 [N/16, K/32, 16] (its VNNI path's
-    correction for x biased to unsigned) and the scales [N/16, K/32, 16]."""
+    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """int8 codes [N, K], scales [N, K/G] (G = 32 or 16) and mins [N, K/32] (or None) -> the
+    invariant kernel's layout: codes [N/16, K/4, 16, 4], each weight group's code sum int32
+    [N/16, K/G, 16] (its VNNI path's correction for x biased to unsigned), the scales float32
+    [N/16, K/G, 16] and the mins float32 [N/16, K/32, 16]. Codes of -128 are refused (ValueError:
+    the AVX2 path negates codes)."""
     n, k = codes.shape
+    if bool((codes == -128).any()):
+        raise ValueError("int8 codes of -128 are outside the kernels' [-127, 127]")
+    group = k // scales.shape[1]
     tiles = codes.view(n // _TILE, _TILE, k // 4, 4).permute(0, 2, 1, 3).contiguous()
-    sums = codes.view(n // _TILE, _TILE, k // GROUP_SIZE, GROUP_SIZE).sum(-1, dtype=torch.int32)
-    per_tile = scales.view(n // _TILE, _TILE, k // GROUP_SIZE).transpose(1, 2).contiguous()
-    return tiles, sums.transpose(1, 2).contiguous(), per_tile
+    sums = codes.view(n // _TILE, _TILE, k // group, group).sum(-1, dtype=torch.int32)
+
+    def per_tile(t: torch.Tensor) -> torch.Tensor:
+        return t.float().reshape(n // _TILE, _TILE, -1).transpose(1, 2).contiguous()
+
+    return (
+        tiles,
+        sums.transpose(1, 2).contiguous(),
+        per_tile(scales),
+        None if mins is None else per_tile(mins),
+    )
 
 
 class Int4Linear(nn.Module):
@@ -177,36 +225,51 @@ class Int4Linear(nn.Module):
 class Int8Linear(nn.Module):
     def __init__(
         self,
-        weight: torch.Tensor,
+        weight: torch.Tensor | None,
         bias: torch.Tensor | None,
         dtype: torch.dtype,
         invariant: bool = False,
         float_output: bool = False,
         weight_rows: Callable[[int, int], torch.Tensor] | None = None,
+        blocks: BlockCodes | None = None,
     ) -> None:
         """`invariant`: the invariant kernels for every row count, where they build, with
         Q8_0-style scales per group of 32 (`q8_group_codes`; else int8 per output channel);
         `float_output`: then the result in float32 whatever `dtype` (an output head: logits
         kept in fp32 through log-softmax); `weight_rows(start, stop)`: the weight's rows as
         the file holds them (float32 from a GGUF: its own Q8_0 codes come back exactly), where
-        `weight` may have been rounded to `dtype`."""
+        `weight` may have been rounded to `dtype`; `blocks`: the weight's own codes (a GGUF
+        block format), for the invariant kernels only (then `weight` may be None)."""
         super().__init__()
-        self.out_features, self.in_features = weight.shape
+        if blocks is not None:
+            assert invariant and invariant_qlinear(dtype), "a weight's own codes need the invariant kernels"
+        if weight is not None:
+            self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
+        else:
+            assert blocks is not None
+            self.out_features, self.in_features = int(blocks.codes.shape[0]), int(blocks.codes.shape[1])
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
         self.invariant = (
             invariant and invariant_qlinear(dtype) and _native_shape_ok(self.out_features, self.in_features)
         )
         self.float_output = float_output and self.invariant
+        self.own_codes = blocks is not None  # a file's own codes, not a quantization of ours
         if self.invariant:  # the one form, for every number of rows
-            rows = weight_rows or (lambda start, stop: weight.detach()[start:stop])
-            iq_codes, iq_sums, iq_scales = invariant_q8_layout(
-                *q8_group_codes(rows, self.out_features, self.in_features)
+            if blocks is None:
+                assert weight is not None
+                rows = weight_rows or (lambda start, stop: weight.detach()[start:stop])
+                blocks = BlockCodes(*q8_group_codes(rows, self.out_features, self.in_features))
+            iq_codes, iq_sums, iq_scales, iq_mins = invariant_q8_layout(
+                blocks.codes, blocks.scales, blocks.mins
             )
             self.register_buffer("iq_codes", iq_codes)
             self.register_buffer("iq_sums", iq_sums)
-            self.register_buffer("iq_scales", iq_scales)  # float16
+            self.register_buffer("iq_scales", iq_scales)  # float32
+            self.register_buffer("iq_mins", iq_mins)  # float32, or None
+            self.group = blocks.group
             self.native = False
             return
+        assert weight is not None
         codes = torch.empty(weight.shape, dtype=torch.int8)
         scales = torch.empty(self.out_features)
         # a few thousand rows at a time: a float32 copy of a whole output head (49k x 576)
@@ -232,6 +295,7 @@ class Int8Linear(nn.Module):
                 self.iq_codes,
                 self.iq_sums,
                 self.iq_scales,
+                self.iq_mins,
                 self.out_features,
                 self.float_output,
             )
@@ -267,10 +331,10 @@ class BatchSwitchLinear(nn.Module):
 
 class CodesEmbedding(nn.Module):
     """A tied embedding read from its output head's invariant int8 codes: row n is
-    d[n, g] * q[n, k] in float32 (exact: an fp16 scale times an int8 code), so a GGUF Q8_0
-    table's tokens come out as the file holds them (a bf16 table rounds them to 8 bits), and
-    the float copy of the table goes (57 MB for SmolLM2). Only where the codes give the
-    weights back exactly (`codes_are_exact`)."""
+    s[n, k / G] * q[n, k] (+ m[n, k / 32]) in float32, as the gguf package dequantizes a GGUF
+    block format, so the table's tokens come out as the file holds them (a bf16 table rounds
+    them to 8 bits), and the float copy of the table goes (57 MB for SmolLM2). Only where the
+    codes give the weights back exactly (`codes_are_exact`)."""
 
     def __init__(self, head: Int8Linear) -> None:
         super().__init__()
@@ -281,12 +345,14 @@ class CodesEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         head = self.head[0]
         all_codes, all_scales = cast(torch.Tensor, head.iq_codes), cast(torch.Tensor, head.iq_scales)
-        ids = input_ids.reshape(-1)
+        ids, k, group = input_ids.reshape(-1), self.embedding_dim, head.group
         tile, lane = ids // _TILE, ids % _TILE
-        codes = all_codes[tile, :, lane, :].reshape(-1, self.embedding_dim // GROUP_SIZE, GROUP_SIZE)
-        scales = all_scales[tile, :, lane].float()
-        rows = (codes.float() * scales[..., None]).reshape(-1, self.embedding_dim)
-        return rows.view(*input_ids.shape, self.embedding_dim)
+        codes = all_codes[tile, :, lane, :].reshape(-1, k // group, group)
+        rows = codes.float() * all_scales[tile, :, lane][..., None]
+        if head.iq_mins is not None:
+            mins = cast(torch.Tensor, head.iq_mins)[tile, :, lane]
+            rows = rows.reshape(-1, k // GROUP_SIZE, GROUP_SIZE) + mins[..., None]
+        return rows.reshape(*input_ids.shape, k)
 
 
 def codes_are_exact(head: Int8Linear, weight_rows: Callable[[int, int], torch.Tensor]) -> bool:

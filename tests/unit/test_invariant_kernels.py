@@ -11,6 +11,7 @@ import torch
 
 from argosy.ops.native import load_invariant_ops, load_native_ops
 from argosy.ops.quantized_linear import (
+    BlockCodes,
     CodesEmbedding,
     Int8Linear,
     codes_are_exact,
@@ -122,11 +123,13 @@ def test_q4_is_the_quantized_product(paths: list[str]) -> None:
 
 def q8_0_rows(x: torch.Tensor) -> torch.Tensor:
     """x quantized and dequantized as llama.cpp's Q8_0 (per group of 32, float64)."""
-    groups = x.double().view(x.shape[0], -1, 32)
-    amax = groups.abs().amax(-1, keepdim=True).float().double()
-    dx = (amax.float() / 127.0).double()
-    scaled = (groups.float() * torch.where(amax > 0, 127.0 / amax.float(), 0.0)).double()
-    return (torch.round(scaled).clamp(-127, 127) * dx).view_as(x)
+    groups = x.float().view(x.shape[0], -1, 32)
+    amax = groups.abs().amax(-1, keepdim=True)
+    # float32 tensor / tensor (a Python float over a tensor may round differently: a group of
+    # bf16 values then lands on the other side of .5)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, 0.0)
+    dx = amax / torch.full_like(amax, 127.0)
+    return (torch.round(groups * inv).clamp(-127, 127).double() * dx.double()).view_as(x)
 
 
 def test_q4_is_the_weights_times_the_quantized_rows_whatever_the_blocks_offset(paths: list[str]) -> None:
@@ -222,6 +225,67 @@ def test_a_tied_q8_0_table_embeds_from_the_head_codes_exactly() -> None:
         floats, None, torch.bfloat16, invariant=True, weight_rows=lambda a, b: floats[a:b]
     )
     assert not codes_are_exact(approximate, lambda a, b: floats[a:b])
+
+
+def block_weight(n: int, k: int, group: int, with_mins: bool, seed: int) -> BlockCodes:
+    """Codes, scales per `group` (some negative, as Q6_K's int8 sub-scales can be) and, with
+    mins, a minimum per 32: the int8 form of a GGUF block format."""
+    gen = torch.Generator().manual_seed(seed)
+    low = 0 if with_mins else -32
+    codes = torch.randint(low, low + 64 if with_mins else 32, (n, k), generator=gen, dtype=torch.int8)
+    scales = (torch.rand(n, k // group, generator=gen) * 0.01 + 1e-4) * torch.where(
+        torch.rand(n, k // group, generator=gen) < 0.2, -1.0, 1.0
+    )
+    mins = -(torch.rand(n, k // 32, generator=gen) * 0.3) if with_mins else None
+    return BlockCodes(codes, scales, mins)
+
+
+def block_values(b: BlockCodes) -> torch.Tensor:
+    """float32 codes * scale (+ min), as the gguf package dequantizes (d * sc) * q - dmin * m."""
+    n, k = b.codes.shape
+    values = (b.codes.float().view(n, -1, b.group) * b.scales.float()[..., None]).view(n, k)
+    if b.mins is not None:
+        values = (values.view(n, -1, 32) + b.mins.float()[..., None]).view(n, k)
+    return values
+
+
+@pytest.mark.parametrize(("group", "with_mins"), [(16, False), (16, True), (32, True), (32, False)])
+def test_block_codes_give_the_reference_bits_on_every_path_and_the_quantized_product(
+    paths: list[str], group: int, with_mins: bool
+) -> None:
+    """The int8 form of Q5_0 ... Q6_K (scales per 32 or 16, mins or none): every path gives the
+    scalar reference's bits at every row count, and the result is the weights times the
+    quantized rows within fp32 rounding."""
+    n, k = 48, 256
+    weight = block_weight(n, k, group, with_mins, seed=group + with_mins)
+    layout = invariant_q8_layout(weight.codes, weight.scales, weight.mins)
+    x = rows(max(ROW_COUNTS), k, seed=31)
+    torch.ops.argosy_iq.set_path("scalar")
+    reference = q8(x, layout, n)
+    product = q8_0_rows(x.float()) @ block_values(weight).double().T
+    assert (reference.double() - product).abs().max() < 1e-5 * product.abs().max()
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        for count in ROW_COUNTS:
+            assert torch.equal(bits(q8(x[:count], layout, n)), bits(reference[:count])), (path, count)
+        alone = torch.cat([q8(x[i : i + 1], layout, n) for i in range(x.shape[0])])
+        assert torch.equal(bits(alone), bits(reference)), path
+
+
+def test_fused_parts_of_different_formats_keep_every_value() -> None:
+    """A fused layer whose parts are Q4_K-like (per 32, mins) and Q6_K-like (per 16, none), as
+    Q4_K_M files mix them: one form (per 16, zero mins where none) with every value kept, read
+    back exactly through the embedding; a code of -128 is refused."""
+    a, b = block_weight(16, 64, 32, True, seed=41), block_weight(32, 64, 16, False, seed=42)
+    fused = BlockCodes.cat([a, b])
+    assert fused.group == 16 and fused.mins is not None
+    expected = torch.cat([block_values(a), block_values(b)])
+    assert torch.equal(block_values(fused), expected)
+    head = Int8Linear(None, None, torch.bfloat16, invariant=True, blocks=fused)
+    assert torch.equal(CodesEmbedding(head)(torch.arange(48)), expected)
+    b.codes[0, 0] = -128
+    with pytest.raises(ValueError, match="-128"):
+        invariant_q8_layout(b.codes, b.scales)
 
 
 def test_paths_are_named_and_a_missing_one_is_refused(paths: list[str]) -> None:

@@ -106,8 +106,13 @@ def test_smollm2_source_fields(smollm2: ModelSource) -> None:
         "argosy_gguf_file_type": "Q4_1",
     }
     assert {key: config[key] for key in expected} == expected
-    # The cache holds the HF folder plus the file's own 4-bit blocks, and nothing else.
+    # each weight's own GGUF type: Q4_1 projections, a Q8_0 table
+    types = config["argosy_gguf_tensor_types"]
+    assert types["model.layers.0.mlp.down_proj.weight"] == "Q4_1" and len(types) == 30 * 7 + 1
+    assert types["model.embed_tokens.weight"] == "Q8_0"
+    # The cache holds the HF folder plus the file's own 4-bit blocks and the Q8_0 table's codes.
     assert sorted(p.name for p in smollm2.weights_dir.iterdir()) == [
+        "argosy-blocks.safetensors",
         "argosy-int4.safetensors",
         "config.json",
         "generation_config.json",

@@ -47,6 +47,7 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "sampling_defaults": info.sampling_defaults,
             "speculative_decoding": info.speculative,
             "weights": info.weights,
+            "tensor_formats": info.tensor_formats,
             "compiled_decode": info.compiled_decode,
             "compile": info.compile_status,
             "compiled_graphs": info.compiled_graphs,

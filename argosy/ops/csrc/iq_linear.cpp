@@ -3,10 +3,14 @@
 // argosy_iq::q4_linear(x, codes, scales, mins, out_features, out_float32): GGUF Q4_0/Q4_1
 //   weights, w[n, k] = d[n, g] * q[n, k] + m[n, g] for the group g = k / 32 (the file's own
 //   codes, scales and minimums; Q4_0 is m = -8 d).
-// argosy_iq::q8_linear(x, codes, wsum, scales, out_features, out_float32): GGUF Q8_0-style
-//   int8, w[n, k] = d[n, g] * q[n, k] for the group g = k / 32 (an output head: the file's own
-//   Q8_0 codes and scales, which its float32 values give back exactly; else any float weight
-//   quantized so).
+// argosy_iq::q8_linear(x, codes, wsum, scales, mins, out_features, out_float32): int8 codes,
+//   w[n, k] = s[n, k / G] * q[n, k] (+ m[n, k / 32] when mins are given), G = 32 or 16
+//   (K / scales.size(1)). Every GGUF block format whose weights are an int8 code
+//   times a scale plus a minimum, per 32 or 16 weights, holds its values here exactly:
+//     Q8_0: q, s = d                     Q5_0: q - 16, s = d       Q5_1: q, s = d, m
+//     Q4_K, Q5_K: q, s = d * sc, m = -dmin * mn (per 32)   Q6_K: q - 32, s = d * sc (per 16)
+//   (the products d * sc and dmin * mn are exact in float32, as the gguf package computes them),
+//   and an output head of any float weight is quantized so (Q8_0-style, per 32).
 //
 // The arithmetic, defined once and followed exactly by every path (scalar reference, AVX2 + FMA,
 // AVX-512 VNNI):
@@ -20,7 +24,9 @@
 //   3. Per row and output, the groups in k order, in fp32 with fused multiply-adds:
 //        Q4: acc = fma(d * dx, float(dot - 8 sq), acc); acc = fma(fma(8, d, m), ux, acc)
 //            (d q + m = d (q - 8) + (m + 8 d); Q4_0's m + 8 d is 0)
-//        Q8: acc = fma(d * dx, float(dot), acc)
+//        Q8: per weight group h of the x group (one for G = 32, two for G = 16, in k order):
+//            acc = fma(s_h * dx, float(dot_h), acc); then, with mins (one per 32 k):
+//            acc = fma(m, ux, acc)
 //      then rounded to bf16 (round-half-even) unless out_float32.
 //      So a group contributes the weights times the quantized x, sum over k of w_k * dx * xq_k
 //      (up to fp32 rounding), and its error is sum w_k * (dx * xq_k - x_k), as llama.cpp's. (The
@@ -37,9 +43,10 @@
 //   Q4 codes uint8 [N/16, K/32, 4, 16, 4]: [t, g, c, i, b] = q[16t+i, 32g+8c+b] | q[16t+i, 32g+8c+4+b] << 4
 //   Q4 scales, mins float16 [N/16, K/32, 16] (the file's own fp16 values)
 //   Q8 codes int8 [N/16, K/4, 16, 4]: [t, j, i, b] = q[16t+i, 4j+b]
-//   Q8 wsum int32 [N/16, K/32, 16]: the sum of a group's codes (VNNI multiplies unsigned by
-//     signed bytes: x goes in biased by 128, and 128 * wsum comes off again)
-//   Q8 scales float16 [N/16, K/32, 16]
+//   Q8 wsum int32 [N/16, K/G, 16]: the sum of a weight group's codes (VNNI multiplies unsigned
+//     by signed bytes: x goes in biased by 128, and 128 * wsum comes off again)
+//   Q8 scales float32 [N/16, K/G, 16], mins float32 [N/16, K/32, 16] (codes of -128 are refused: the AVX2 path moves x's
+//     sign onto the codes)
 // so one 64-byte load holds 4 consecutive k of 16 outputs: the byte dot-product instructions
 // (vpdpbusd; vpmaddubsw + vpmaddwd on AVX2) sum them per 32-bit lane, one lane per output.
 //
@@ -56,6 +63,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -231,9 +239,19 @@ void q4_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const uint
   }
 }
 
-void q8_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const int8_t* codes, const uint16_t* scales,
-               int64_t t0, int64_t t1, const Output& out) {
-  const int64_t k = groups * kGroup;
+// the Q8 weight: codes, per weight group its code sum, scale and (or nullptr) minimum; H weight
+// groups (of 32 / H) to a group of x
+struct Q8Weight {
+  const int8_t* codes;
+  const int32_t* wsum;
+  const float* scales;
+  const float* mins;
+  int64_t h;
+};
+
+void q8_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const Q8Weight& w, int64_t t0, int64_t t1,
+               const Output& out) {
+  const int64_t k = groups * kGroup, quads = 8 / w.h;
   float acc[kTile];
   for (int64_t t = t0; t < t1; ++t) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -241,11 +259,15 @@ void q8_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const int8
       std::fill(acc, acc + kTile, 0.0f);
       for (int64_t g = 0; g < groups; ++g) {
         for (int64_t i = 0; i < kTile; ++i) {
-          int32_t dot = 0;
-          for (int64_t j = 8 * g; j < 8 * g + 8; ++j)
-            for (int64_t b = 0; b < 4; ++b) dot += static_cast<int32_t>(codes[((t * (k / 4) + j) * kTile + i) * 4 + b]) * xq[4 * j + b];
-          const float dd = half_to_float(scales[(t * groups + g) * kTile + i]) * xr.dx[r * groups + g];
-          acc[i] = std::fma(dd, static_cast<float>(dot), acc[i]);
+          for (int64_t h = 0; h < w.h; ++h) {
+            int32_t dot = 0;
+            for (int64_t j = 8 * g + quads * h; j < 8 * g + quads * (h + 1); ++j)
+              for (int64_t b = 0; b < 4; ++b)
+                dot += static_cast<int32_t>(w.codes[((t * (k / 4) + j) * kTile + i) * 4 + b]) * xq[4 * j + b];
+            const int64_t wg = (t * groups * w.h + g * w.h + h) * kTile + i;
+            acc[i] = std::fma(w.scales[wg] * xr.dx[r * groups + g], static_cast<float>(dot), acc[i]);
+          }
+          if (w.mins != nullptr) acc[i] = std::fma(w.mins[(t * groups + g) * kTile + i], xr.ux[r * groups + g], acc[i]);
         }
       }
       out.put(r, t * kTile, acc, kTile);
@@ -305,31 +327,39 @@ ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
   }
 }
 
-template <int R>
-ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, int64_t groups, const int8_t* codes,
-                              const uint16_t* scales, float* res) {
+template <int R, int H, bool Mins>
+ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, const float* ux, int64_t groups,
+                              const int8_t* codes, const float* scales, const float* mins, float* res) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    __m256i dot[R][2];
-    for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
-    for (int64_t j = 8 * g; j < 8 * g + 8; ++j) {
+    for (int hg = 0; hg < H; ++hg) {
+      __m256i dot[R][2];
+      for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+      for (int64_t j = 8 * g + (8 / H) * hg; j < 8 * g + (8 / H) * (hg + 1); ++j) {
+        for (int h = 0; h < 2; ++h) {
+          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64 + h * 32));
+          for (int r = 0; r < R; ++r) {
+            int32_t xv;
+            std::memcpy(&xv, xq + r * k + 4 * j, 4);
+            const __m256i xs = _mm256_set1_epi32(xv);
+            // |x| unsigned, x's sign moved onto w: products and pair sums stay within int16
+            dot[r][h] = _mm256_add_epi32(dot[r][h], avx2_dot4(_mm256_abs_epi8(xs), _mm256_sign_epi8(w, xs)));
+          }
+        }
+      }
       for (int h = 0; h < 2; ++h) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64 + h * 32));
+        const __m256 d = _mm256_loadu_ps(scales + (g * H + hg) * kTile + 8 * h);
         for (int r = 0; r < R; ++r) {
-          int32_t xv;
-          std::memcpy(&xv, xq + r * k + 4 * j, 4);
-          const __m256i xs = _mm256_set1_epi32(xv);
-          // |x| unsigned, x's sign moved onto w: products and pair sums stay within int16
-          dot[r][h] = _mm256_add_epi32(dot[r][h], avx2_dot4(_mm256_abs_epi8(xs), _mm256_sign_epi8(w, xs)));
+          const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+          acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[r][h]), acc[r][h]);
         }
       }
     }
-    for (int h = 0; h < 2; ++h) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + g * kTile + 8 * h)));
-      for (int r = 0; r < R; ++r) {
-        const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
-        acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[r][h]), acc[r][h]);
+    if constexpr (Mins) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256 m = _mm256_loadu_ps(mins + g * kTile + 8 * h);
+        for (int r = 0; r < R; ++r) acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(ux[r * groups + g]), acc[r][h]);
       }
     }
   }
@@ -393,38 +423,47 @@ ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, int64_t k, const float* dx,
     for (int t = 0; t < T; ++t) _mm512_storeu_ps(res + (r * T + t) * kTile, acc[r][t]);
 }
 
-template <int R, int T>
-ARGOSY_AVX512 void q8_avx512_block(const uint8_t* xu, int64_t k, const float* dx, int64_t groups,
-                                   const int8_t* codes, const int32_t* wsum, const uint16_t* scales, float* res) {
+template <int R, int T, int H, bool Mins>
+ARGOSY_AVX512 void q8_avx512_block(const uint8_t* xu, int64_t k, const float* dx, const float* ux, int64_t groups,
+                                   const int8_t* codes, const int32_t* wsum, const float* scales, const float* mins,
+                                   float* res) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  const int64_t tile_bytes = k * kTile, tile_sums = groups * kTile;
+  const int64_t tile_bytes = k * kTile, tile_groups = groups * H * kTile, tile_mins = groups * kTile;
   const __m512i bias = _mm512_set1_epi32(128);
   for (int64_t g = 0; g < groups; ++g) {
-    __m512i dot[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) dot[r][t] = _mm512_setzero_si512();
-    for (int64_t j = 8 * g; j < 8 * g + 8; ++j) {
-      __m512i xs[R];
-      for (int r = 0; r < R; ++r) {
-        int32_t a;
-        std::memcpy(&a, xu + r * k + 4 * j, 4);
-        xs[r] = _mm512_set1_epi32(a);
+    for (int hg = 0; hg < H; ++hg) {
+      __m512i dot[R][T];
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) dot[r][t] = _mm512_setzero_si512();
+      for (int64_t j = 8 * g + (8 / H) * hg; j < 8 * g + (8 / H) * (hg + 1); ++j) {
+        __m512i xs[R];
+        for (int r = 0; r < R; ++r) {
+          int32_t a;
+          std::memcpy(&a, xu + r * k + 4 * j, 4);
+          xs[r] = _mm512_set1_epi32(a);
+        }
+        for (int t = 0; t < T; ++t) {
+          const __m512i w = _mm512_loadu_si512(codes + t * tile_bytes + j * 64);
+          for (int r = 0; r < R; ++r) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], xs[r], w);
+        }
       }
       for (int t = 0; t < T; ++t) {
-        const __m512i w = _mm512_loadu_si512(codes + t * tile_bytes + j * 64);
-        for (int r = 0; r < R; ++r) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], xs[r], w);
+        const int64_t at = t * tile_groups + (g * H + hg) * kTile;
+        // (x + 128) . w - 128 * sum(w) = x . w, exactly
+        const __m512i correction = _mm512_mullo_epi32(_mm512_loadu_si512(wsum + at), bias);
+        const __m512 d = _mm512_loadu_ps(scales + at);
+        for (int r = 0; r < R; ++r) {
+          const __m512 dot_f = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][t], correction));
+          acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g])), dot_f, acc[r][t]);
+        }
       }
     }
-    for (int t = 0; t < T; ++t) {
-      // (x + 128) . w - 128 * sum(w) = x . w, exactly
-      const __m512i correction = _mm512_mullo_epi32(_mm512_loadu_si512(wsum + t * tile_sums + g * kTile), bias);
-      const __m512 d =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + t * tile_sums + g * kTile)));
-      for (int r = 0; r < R; ++r) {
-        const __m512 dot_f = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][t], correction));
-        acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g])), dot_f, acc[r][t]);
+    if constexpr (Mins) {
+      for (int t = 0; t < T; ++t) {
+        const __m512 m = _mm512_loadu_ps(mins + t * tile_mins + g * kTile);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(m, _mm512_set1_ps(ux[r * groups + g]), acc[r][t]);
       }
     }
   }
@@ -641,39 +680,11 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   return out;
 }
 
-at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& wsum, const at::Tensor& scales,
-                     int64_t out_features, bool out_float32) {
-  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 4 &&
-                  codes.is_contiguous(),
-              "q8_linear: codes must be contiguous int8 [N/16, K/4, 16, 4]");
-  const int64_t tiles = codes.size(0), k = codes.size(1) * 4;
-  TORCH_CHECK(k % kGroup == 0, "q8_linear: in_features must be a multiple of 32");
-  const int64_t groups = k / kGroup;
-  TORCH_CHECK(tiles * kTile == out_features, "q8_linear: codes hold ", tiles * kTile, " outputs, not ", out_features);
-  TORCH_CHECK(wsum.scalar_type() == at::kInt && wsum.is_contiguous() && wsum.dim() == 3 && wsum.size(0) == tiles &&
-                  wsum.size(1) == groups && wsum.size(2) == kTile,
-              "q8_linear: wsum must be contiguous int32 [N/16, K/32, 16]");
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.dim() == 3 &&
-                  scales.size(0) == tiles && scales.size(1) == groups && scales.size(2) == kTile,
-              "q8_linear: scales must be contiguous float16 [N/16, K/32, 16]");
-  const LinearCall call(x, k, groups, out_features, out_float32, "q8_linear");
-  const at::Tensor& out = call.out;
-  if (call.rows == 0) return out;
-  const int64_t rows = call.rows, path = call.path;
-  const QuantizedRows& xr = call.xr;
-  const Output& o = call.o;
-  const int8_t* cp = codes.data_ptr<int8_t>();
-  const int32_t* wp = wsum.data_ptr<int32_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
-  if (path == kScalar) {
-    for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { q8_scalar(xr, rows, groups, cp, sp, t0, t1, o); });
-    return out;
-  }
-  std::vector<uint8_t> biased;
-  if (path >= kAvx512) {
-    biased.resize(xr.q.size());
-    for (size_t i = 0; i < biased.size(); ++i) biased[i] = static_cast<uint8_t>(xr.q[i] ^ 0x80);  // x + 128
-  }
+// the vector paths of q8_linear, one weight form (H weight groups to a group of x, mins or not)
+template <int H, bool Mins>
+void q8_vector(const QuantizedRows& xr, const std::vector<uint8_t>& biased, int64_t rows, int64_t groups,
+               int64_t tiles, int64_t path, const Q8Weight& wt, const Output& o) {
+  const int64_t k = groups * kGroup;
   const int64_t tiles_per_block = (path >= kAvx512 && tiles % 2 == 0) ? 2 : 1;
   for_tile_blocks(tiles, tiles_per_block, [&](int64_t t0, int64_t t1) {
     float res[kRowBlock * 2 * kTile];
@@ -681,21 +692,72 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
     for_row_blocks(rows, [&](int64_t r0, auto rows_constant) {
       constexpr int R = decltype(rows_constant)::value;
       const float* dx = xr.dx.data() + r0 * groups;
-      const int8_t* c = cp + t0 * k * kTile;
-      const uint16_t* s = sp + t0 * groups * kTile;
+      const float* ux = xr.ux.data() + r0 * groups;
+      const int8_t* c = wt.codes + t0 * k * kTile;
+      const float* s = wt.scales + t0 * groups * H * kTile;
+      const float* m = Mins ? wt.mins + t0 * groups * kTile : nullptr;
       if (path >= kAvx512) {
         const uint8_t* xu = biased.data() + r0 * k;
-        const int32_t* w = wp + t0 * groups * kTile;
+        const int32_t* w = wt.wsum + t0 * groups * H * kTile;
         if (t1 - t0 == 2)
-          q8_avx512_block<R, 2>(xu, k, dx, groups, c, w, s, res);
+          q8_avx512_block<R, 2, H, Mins>(xu, k, dx, ux, groups, c, w, s, m, res);
         else
-          q8_avx512_block<R, 1>(xu, k, dx, groups, c, w, s, res);
+          q8_avx512_block<R, 1, H, Mins>(xu, k, dx, ux, groups, c, w, s, m, res);
       } else {
-        q8_avx2_rows<R>(xr.q.data() + r0 * k, k, dx, groups, c, s, res);
+        q8_avx2_rows<R, H, Mins>(xr.q.data() + r0 * k, k, dx, ux, groups, c, s, m, res);
       }
       for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
     });
   });
+}
+
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& wsum, const at::Tensor& scales,
+                     const std::optional<at::Tensor>& mins, int64_t out_features, bool out_float32) {
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 4 &&
+                  codes.is_contiguous(),
+              "q8_linear: codes must be contiguous int8 [N/16, K/4, 16, 4]");
+  const int64_t tiles = codes.size(0), k = codes.size(1) * 4;
+  TORCH_CHECK(k % kGroup == 0, "q8_linear: in_features must be a multiple of 32");
+  const int64_t groups = k / kGroup;
+  TORCH_CHECK(tiles * kTile == out_features, "q8_linear: codes hold ", tiles * kTile, " outputs, not ", out_features);
+  TORCH_CHECK(scales.dim() == 3 && (scales.size(1) == groups || scales.size(1) == 2 * groups),
+              "q8_linear: scales must be [N/16, K/32 or K/16, 16]");
+  const int64_t h = scales.size(1) / groups;
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.size(0) == tiles &&
+                  scales.size(2) == kTile,
+              "q8_linear: scales must be contiguous float32 [N/16, K/G, 16]");
+  TORCH_CHECK(wsum.scalar_type() == at::kInt && wsum.is_contiguous() && wsum.sizes() == scales.sizes(),
+              "q8_linear: wsum must be contiguous int32, shaped as the scales");
+  const bool has_mins = mins.has_value() && mins->defined();
+  if (has_mins)
+    TORCH_CHECK(mins->scalar_type() == at::kFloat && mins->is_contiguous() && mins->dim() == 3 &&
+                    mins->size(0) == tiles && mins->size(1) == groups && mins->size(2) == kTile,
+                "q8_linear: mins must be contiguous float32 [N/16, K/32, 16]");
+  const LinearCall call(x, k, groups, out_features, out_float32, "q8_linear");
+  const at::Tensor& out = call.out;
+  if (call.rows == 0) return out;
+  const int64_t rows = call.rows, path = call.path;
+  const QuantizedRows& xr = call.xr;
+  const Output& o = call.o;
+  const Q8Weight wt{codes.data_ptr<int8_t>(), wsum.data_ptr<int32_t>(), scales.data_ptr<float>(),
+                    has_mins ? mins->data_ptr<float>() : nullptr, h};
+  if (path == kScalar) {
+    for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { q8_scalar(xr, rows, groups, wt, t0, t1, o); });
+    return out;
+  }
+  std::vector<uint8_t> biased;
+  if (path >= kAvx512) {
+    biased.resize(xr.q.size());
+    for (size_t i = 0; i < biased.size(); ++i) biased[i] = static_cast<uint8_t>(xr.q[i] ^ 0x80);  // x + 128
+  }
+  if (h == 2 && has_mins)
+    q8_vector<2, true>(xr, biased, rows, groups, tiles, path, wt, o);
+  else if (h == 2)
+    q8_vector<2, false>(xr, biased, rows, groups, tiles, path, wt, o);
+  else if (has_mins)
+    q8_vector<1, true>(xr, biased, rows, groups, tiles, path, wt, o);
+  else
+    q8_vector<1, false>(xr, biased, rows, groups, tiles, path, wt, o);
   return out;
 }
 
@@ -730,7 +792,9 @@ std::string path() { return path_name(current_path()); }
 
 TORCH_LIBRARY(argosy_iq, m) {
   m.def("q4_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int out_features, bool out_float32) -> Tensor");
-  m.def("q8_linear(Tensor x, Tensor codes, Tensor wsum, Tensor scales, int out_features, bool out_float32) -> Tensor");
+  m.def(
+      "q8_linear(Tensor x, Tensor codes, Tensor wsum, Tensor scales, Tensor? mins, int out_features, "
+      "bool out_float32) -> Tensor");
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
       "Tensor block_ids, Tensor mask, int block_size) -> Tensor");
