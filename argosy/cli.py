@@ -229,7 +229,7 @@ def configs_from_args(
         server_config = ServerConfig(**_values_for(args, ServerConfig), operator_sampling=operator)
         # read the key files now: a bad one stops start-up naming the file and the key
         key_ring(server_config.api_key, server_config.api_key_file, server_config.api_keys)
-        if server_config.served_model_name is not None:
+        if server_config.served_model_name not in (None, specs[0].id):  # the same name: nothing to alias
             specs[0] = dataclasses.replace(
                 specs[0], id=server_config.served_model_name, aliases=(*specs[0].aliases, specs[0].id)
             )

@@ -189,6 +189,7 @@ class ModelSpec:
     keep_alive: float | None = None  # seconds idle before it is unloaded; None: the server's
     pinned: bool = False  # loaded at start-up and never unloaded to make room
     sampling: OperatorSampling | None = None  # this model's operator sampling defaults
+    chat_template: str | None = None  # a Jinja chat template overriding the model's (or the built-in one)
 
     def __post_init__(self) -> None:
         if not self.id.strip():

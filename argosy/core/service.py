@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from argosy import __version__
+from argosy.chat.builtin_templates import builtin_template
 from argosy.chat.profile import ChatProfile
 from argosy.chat.template import ChatTemplate
 from argosy.config import ModelSpec, OperatorSampling, ServerConfig
@@ -78,6 +79,7 @@ class ModelInfo:
     deterministic: bool | None = None  # tokens independent of batch, chunking, cache (--numerics invariant)
     dimensions: int | None = None  # embedding models: the vector's length
     memory_bytes: int | None = None  # loaded: weights and buffers (+ KV pool), as allocated
+    chat_template_source: str | None = None  # model | models file | built-in (<family>) | None
     tensor_formats: dict[str, str] | None = None  # a GGUF's types per weight role
     error: str | None = None  # failed: why it did not load
 
@@ -91,6 +93,7 @@ class ServiceOptions:
     max_queued_requests: int = 256
     request_timeout: float | None = 600.0
     max_stream_buffer: int | None = 4096  # engine outputs a slow reader may leave unread
+    chat_template: str | None = None  # the models file's, over the model's own
 
     @classmethod
     def of(cls, spec: ModelSpec, server: ServerConfig, speculative: str) -> ServiceOptions:
@@ -100,7 +103,21 @@ class ServiceOptions:
             max_queued_requests=server.max_queued_requests,
             request_timeout=server.request_timeout,
             max_stream_buffer=server.max_stream_buffer,
+            chat_template=spec.chat_template,
         )
+
+
+def chat_template_of(configured: str | None, description: ModelDescription) -> tuple[str | None, str | None]:
+    """(template, where it came from): the models file's, else the model's own, else the one
+    Argosy ships for its family (Gemma's base GGUF has none), else none."""
+    if configured:
+        return configured, "models file"
+    if description.chat_template:
+        return description.chat_template, "model"
+    shipped = builtin_template(description.architecture)
+    if shipped is not None:
+        return shipped[1], f"built-in ({shipped[0]})"
+    return None, None
 
 
 # -- one served generation model ------------------------------------------------------------
@@ -139,10 +156,11 @@ class ModelService:
         self._template: ChatTemplate | None = None
         self._template_error: ArgosyError | None = None
         self._chat_profile: ChatProfile | None = None
-        if description.chat_template:
+        template, self.template_source = chat_template_of(self.options.chat_template, description)
+        if template:
             try:
                 self._template = ChatTemplate(
-                    description.chat_template,
+                    template,
                     bos_token=description.bos_token,
                     eos_token=description.eos_token,
                 )
@@ -208,6 +226,7 @@ class ModelService:
             has_tools=self._chat_profile is not None,
             memory_bytes=description.memory_bytes,
             tensor_formats=description.tensor_formats,
+            chat_template_source=self.template_source if self._template is not None else None,
         )
 
     def engine_stats(self) -> tuple[EngineStats, int]:

@@ -102,9 +102,13 @@ class LLMEngine:
         self.compile_status = "off"
         self._compile_thread: threading.Thread | None = None
         self._stop_compiling = threading.Event()
-        if config.compile == "wait":
+        compile_mode = config.compile
+        if compile_mode != "off" and not getattr(self.model, "supports_compiled_decode", True):
+            log.info("compiled decode: not built for %s; decode steps run eagerly", self.source.architecture)
+            compile_mode = "off"
+        if compile_mode == "wait":
             self.compile_status = "ready" if self.runner.compile_decode(row_counts) else "failed"
-        elif config.compile == "on":
+        elif compile_mode == "on":
             self.compile_status = "compiling"
             self._compile_thread = threading.Thread(
                 target=self._compile_in_background, args=(row_counts,), name="argosy-compile", daemon=True

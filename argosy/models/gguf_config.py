@@ -23,6 +23,7 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("LlamaForCausalLM", "llama"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
 }
 _MISTRAL = ("MistralForCausalLM", "mistral")
 
@@ -126,7 +127,32 @@ def build_hf_config(metadata: dict[str, Any], tensor_names: set[str], file_type:
         config["rope_scaling"] = rope_scaling
     if model_type == "mistral":
         config["sliding_window"] = metadata.get(f"{arch}.attention.sliding_window")
+    if model_type == "gemma3_text":
+        config |= _gemma3(metadata, arch, config)
     return config
+
+
+# Gemma 3 as llama.cpp writes it: every sixth layer global (rope base `freq_base`), the others
+# local over `sliding_window` positions with rope base 10000 (neither is in the file's header)
+GEMMA3_GLOBAL_EVERY = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+
+
+def _gemma3(metadata: dict[str, Any], arch: str, config: dict[str, Any]) -> dict[str, Any]:
+    layers = int(config["num_hidden_layers"])
+    return {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "sliding_window": int(metadata.get(f"{arch}.attention.sliding_window", 4096)),
+        "layer_types": [
+            "full_attention" if (i + 1) % GEMMA3_GLOBAL_EVERY == 0 else "sliding_attention"
+            for i in range(layers)
+        ],
+        "rope_local_base_freq": GEMMA3_LOCAL_ROPE_BASE,
+        "query_pre_attn_scalar": int(config["head_dim"]),
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+    }
 
 
 def build_generation_config(metadata: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +163,11 @@ def build_generation_config(metadata: dict[str, Any]) -> dict[str, Any]:
         token_id = metadata.get(f"tokenizer.ggml.{key}")
         if token_id is not None and int(token_id) not in eos_ids:
             eos_ids.append(int(token_id))
+    # Gemma's files name no eot token; llama.cpp ends generation on <end_of_turn> by its text
+    if metadata.get("general.architecture") == "gemma3":
+        tokens = metadata.get("tokenizer.ggml.tokens") or []
+        if "<end_of_turn>" in tokens and tokens.index("<end_of_turn>") not in eos_ids:
+            eos_ids.append(tokens.index("<end_of_turn>"))
     generation_config: dict[str, Any] = {}
     if metadata.get("tokenizer.ggml.bos_token_id") is not None:
         generation_config["bos_token_id"] = int(metadata["tokenizer.ggml.bos_token_id"])

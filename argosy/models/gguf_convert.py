@@ -65,7 +65,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, max_shard_bytes: int = MAX_SHAR
     config[GGUF_TENSOR_TYPES_KEY] = {
         name: tensor.tensor_type.name
         for tensor in reader.tensors
-        if len(tensor.shape) == 2 and (name := hf_tensor_name(tensor.name)) is not None
+        if len(tensor.shape) == 2 and (name := hf_tensor_name(tensor.name, config["model_type"])) is not None
     }
 
     # Build the tokenizer first: it is the cheapest thing to fail on.

@@ -51,7 +51,7 @@ def iter_int4_tensors(reader: gguf.GGUFReader, config: dict[str, Any]) -> Iterat
     is_permuted = config["model_type"] in _PERMUTED_MODEL_TYPES
     heads = {"q_proj": int(config["num_attention_heads"]), "k_proj": int(config["num_key_value_heads"])}
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, config["model_type"])
         blocks = None if name is None else q4_codes(tensor)
         if name is None or blocks is None:
             continue
@@ -140,7 +140,7 @@ def iter_block_tensors(reader: gguf.GGUFReader, config: dict[str, Any]) -> Itera
     is_permuted = config["model_type"] in _PERMUTED_MODEL_TYPES
     heads = {"q_proj": int(config["num_attention_heads"]), "k_proj": int(config["num_key_value_heads"])}
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, config["model_type"])
         found = None if name is None else block_codes(tensor)
         if name is None or found is None:
             continue

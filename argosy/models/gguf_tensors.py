@@ -48,17 +48,28 @@ _DERIVED_TENSORS = frozenset({"rope_freqs.weight"})
 _PERMUTED_MODEL_TYPES = frozenset({"llama", "mistral"})
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+# Gemma 3's four norms a layer: llama.cpp's ffn_norm is its pre-feedforward norm
+_GEMMA3_LAYER_NAMES = _LAYER_NAMES | {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# llama.cpp stores a Gemma norm's multiplier, 1 + the HF weight (HF computes x * (1 + w))
+GEMMA_MODEL_TYPES = frozenset({"gemma3_text"})
+
+
+def hf_tensor_name(gguf_name: str, model_type: str = "llama") -> str | None:
     """The HF name of a GGUF tensor; None for tensors HF recomputes; ModelLoadError if unknown."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     if gguf_name in _DERIVED_TENSORS:
         return None
+    names = _GEMMA3_LAYER_NAMES if model_type in GEMMA_MODEL_TYPES else _LAYER_NAMES
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    if match is None or match.group(2) not in names:
         raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no Hugging Face counterpart we know")
     layer, role, kind = match.groups()
-    return f"model.layers.{layer}.{_LAYER_NAMES[role]}.{kind}"
+    return f"model.layers.{layer}.{names[role]}.{kind}"
 
 
 def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -91,11 +102,14 @@ def iter_hf_tensors(reader: gguf.GGUFReader, config: dict[str, Any]) -> Iterator
     is_permuted = config["model_type"] in _PERMUTED_MODEL_TYPES
     num_heads = int(config["num_attention_heads"])
     num_kv_heads = int(config["num_key_value_heads"])
+    gemma = config["model_type"] in GEMMA_MODEL_TYPES
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, config["model_type"])
         if name is None:
             continue
         values = dequantize_tensor(tensor)
+        if gemma and name.endswith("norm.weight"):
+            values = values - np.float32(1.0)  # the HF weight (the model adds the 1 back)
         if is_permuted and ".self_attn.q_proj." in name:
             values = unpermute_rope_rows(values, num_heads)
         elif is_permuted and ".self_attn.k_proj." in name:

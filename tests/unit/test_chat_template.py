@@ -302,3 +302,27 @@ def test_a_template_that_drops_the_content_cannot_continue_it() -> None:
     with pytest.raises(InvalidRequestError) as caught:
         ChatTemplate(source).render(PREFILL, add_generation_prompt=False, continue_final_message=True)
     assert caught.value.param == "messages" and "cannot be continued" in caught.value.message
+
+
+def test_the_built_in_gemma_template_writes_gemma_turns() -> None:
+    """Gemma 3 270M's GGUF has no template: the one Argosy ships folds the system message into
+    the first user turn, calls the assistant "model", ends each turn with <end_of_turn> and
+    refuses turns that do not alternate, in the dialect's 400."""
+    from argosy.chat.builtin_templates import GEMMA, builtin_template
+
+    assert builtin_template("Gemma3ForCausalLM") == ("gemma", GEMMA)
+    assert builtin_template("LlamaForCausalLM") is None
+    template = ChatTemplate(GEMMA, bos_token="<bos>", eos_token="<eos>")
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "2+2?"},
+    ]
+    assert template.render(messages) == (
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+        "<start_of_turn>model\nHello.<end_of_turn>\n"
+        "<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n"
+    )
+    with pytest.raises(InvalidRequestError, match="alternate"):
+        template.render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])

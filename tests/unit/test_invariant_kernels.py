@@ -446,12 +446,42 @@ def test_attention_prefill_rows_give_the_reference_bits_on_every_path(
     assert_every_path_gives_the_reference_bits(paths, case)
 
 
-@pytest.mark.parametrize("dim", [16, 32, 48, 80, 96, 112])
+@pytest.mark.parametrize("dim", [16, 32, 48, 80, 96, 112, 256])
 def test_attention_other_head_dims_give_the_reference_bits_on_every_path(paths: list[str], dim: int) -> None:
     """Every multiple of 16 up to 128 has a vector path: a prefill chunk and decode rows."""
     rows = [(0, n) for n in range(30, 70)] + [(1, 1), (2, 77), (3, 0)]
     case = paged_case(dim, [69, 1, 77, 1], rows, dim, 6, 2)
     assert_every_path_gives_the_reference_bits(paths, case)
+
+
+@pytest.mark.parametrize("dim", [64, 256])
+def test_attention_over_a_sliding_window_is_softmax_attention_over_it_on_every_path(
+    paths: list[str], dim: int
+) -> None:
+    """Rows that see only their last W positions (Gemma 3's local layers): mask rows that are one
+    run s .. n-1. Every path gives the scalar statement's bits, and the result is softmax
+    attention over exactly those positions."""
+    window = 21
+    rows = [(0, n) for n in range(1, 80)] + [(1, 45), (1, 3)]
+    case = paged_case(7 * dim, [79, 45], rows, dim, 4, 1)
+    q, k, v, k_cache, v_cache, slots, block_ids, mask = case
+    for i, (_, n) in enumerate(rows):  # positions n - window .. n - 1
+        mask[i, 0, 0, : max(n - window, 0)] = False
+    assert_every_path_gives_the_reference_bits(paths, case)
+    torch.ops.argosy_iq.set_path("auto")
+    got = attend(case).double()
+    k_all, v_all = k_cache.clone(), v_cache.clone()
+    k_all[slots], v_all[slots] = k, v
+    max_blocks = block_ids.numel() // q.shape[0]
+    for i, (_, n) in enumerate(rows):
+        positions = torch.arange(max(n - window, 0), n)
+        table = block_ids.view(-1, max_blocks)[i]
+        where = table[positions // BLOCK] * BLOCK + positions % BLOCK
+        keys = k_all[where].double().repeat_interleave(4, dim=1)
+        values = v_all[where].double().repeat_interleave(4, dim=1)
+        weights = torch.softmax(torch.einsum("hd,nhd->hn", q[i].double(), keys) / dim**0.5, dim=-1)
+        expected = torch.einsum("hn,nhd->hd", weights, values).reshape(-1)
+        torch.testing.assert_close(got[i], expected, rtol=1e-4, atol=1e-4)
 
 
 def test_attention_reads_every_fp16_value_exactly(paths: list[str]) -> None:

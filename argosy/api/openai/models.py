@@ -40,6 +40,7 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
     else:
         capabilities |= {
             "chat_template": info.has_chat_template,
+            "chat_template_source": info.chat_template_source,
             "thinking": info.has_thinking,
             "tools": info.has_tools,
             "fill_in_the_middle": False,

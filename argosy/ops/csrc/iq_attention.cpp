@@ -4,12 +4,14 @@
 //
 // argosy_iq::attention(q, k, v, k_cache!, v_cache!, slots, block_ids, mask, block_size): the
 // contract of argosy_ext::paged_decode (csrc/paged_decode.cpp): each row's K/V is written at its
-// slot first, then each row attends over the positions its mask row allows, which must be a
-// prefix 0 .. n-1 of its sequence (a decode row: its context; a prefill row: up to itself).
-// q is float32, k, v and the caches float16 (as llama.cpp's KV cache: 3 more bits than bf16),
-// the output float32. Per row, query head and position j < n, in fp32 (fp16 -> fp32 is exact):
+// slot first, then each row attends over the positions its mask row allows, which must be one
+// run s .. n-1 of its sequence (a decode row: its context; a prefill row: up to itself; s > 0
+// for a sliding-window layer). q is float32, k, v and the caches float16 (as llama.cpp's KV
+// cache: 3 more bits than bf16), the output float32. Per row, query head and position
+// s <= j < n, in fp32 (fp16 -> fp32 is exact):
 //   s_j = tree16(lane l: fma over c of q[16c + l] * k_j[16c + l], c in order) * scale
-//   m = max s_j;  p_j = exp_argosy(s_j - m);  l = tree16(lane i: sum over j = i mod 16, j in order)
+//   m = max s_j;  p_j = exp_argosy(s_j - m);
+//   l = tree16(lane i: sum over j with j - s = i mod 16, j in order)
 //   out[d] = (fma over j in order of p_j * v_j[d]) * (1 / l)
 // tree16(a) = ((a0 + a2) + (a1 + a3)) + ((a4 + a6) + (a5 + a7)) + ... (tree16 in iq_common.h),
 // exp_argosy uses only +, -, * and round-to-nearest (no fma), and the max is exact in any order.
@@ -17,7 +19,7 @@
 // same value, as fma(q, k, 0) rounds q * k once, as the product does (only a zero's sign can
 // differ, and that cannot reach p). attend_scalar is the statement; the AVX-512 path
 // (avx512-vnni, amx-int8) and the AVX2 + FMA path (avx2) do the same operations on 16 or 8 values
-// at a time and agree with it bit for bit, for every head dim the op takes (16, 32, ..., 128) and
+// at a time and agree with it bit for bit, for every head dim the op takes (16, 32, ..., 128, 256) and
 // any number of query heads per KV head. Rows sharing a block table are cut into tiles (one KV
 // head each) that the threads take longest first; a row's result depends on nothing else in the
 // call: not the other rows, the tiling or the thread count.
@@ -79,7 +81,8 @@ struct Rows {  // what every path needs of one call
   const uint16_t* k_cache;  // fp16 [slots, KVH, D]
   const uint16_t* v_cache;
   const int64_t* block_ids;  // [T, max_blocks]
-  const int64_t* lens;       // [T]
+  const int64_t* lens;       // [T]: a row sees positions [starts, lens)
+  const int64_t* starts;     // [T]: 0, or where a sliding window begins
   float* out;                // fp32 [T, H * D]
   int64_t heads, kv_heads, dim, max_blocks, block_size;
   float scale;
@@ -96,16 +99,16 @@ void attend_scalar(const Rows& a, int64_t r0, int64_t r1, int64_t h) {
   std::vector<float> scores, acc(dim);
   float lanes[kLanes];
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t n = a.lens[r];
+    const int64_t n = a.lens[r], s0 = a.starts[r];
     scores.assign(static_cast<size_t>(n), 0.0f);
     for (int64_t g = 0; g < group; ++g) {
       const float* q = a.q + (r * a.heads + h * group + g) * dim;
       float* dst = a.out + (r * a.heads + h * group + g) * dim;
-      if (n == 0) {
+      if (n <= s0) {
         for (int64_t d = 0; d < dim; ++d) dst[d] = 0;
         continue;
       }
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = s0; j < n; ++j) {
         const uint16_t* kr = a.k_cache + slot_at(a, table, j) * stride + h * dim;
         for (int l = 0; l < kLanes; ++l) {
           float s = 0.0f;
@@ -115,16 +118,16 @@ void attend_scalar(const Rows& a, int64_t r0, int64_t r1, int64_t h) {
         }
         scores[j] = tree16(lanes) * a.scale;
       }
-      float mx = scores[0];
-      for (int64_t j = 1; j < n; ++j) mx = std::max(mx, scores[j]);
-      float partial[kLanes] = {};
-      for (int64_t j = 0; j < n; ++j) {
+      float mx = scores[s0];
+      for (int64_t j = s0 + 1; j < n; ++j) mx = std::max(mx, scores[j]);
+      float partial[kLanes] = {};  // lanes counted from the window's start
+      for (int64_t j = s0; j < n; ++j) {
         scores[j] = exp_scalar(scores[j] - mx);
-        partial[j % kLanes] = partial[j % kLanes] + scores[j];
+        partial[(j - s0) % kLanes] = partial[(j - s0) % kLanes] + scores[j];
       }
       const float inv = 1.0f / tree16(partial);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = s0; j < n; ++j) {
         const uint16_t* vr = a.v_cache + slot_at(a, table, j) * stride + h * dim;
         for (int64_t d = 0; d < dim; ++d) acc[d] = std::fma(scores[j], half_to_float(vr[d]), acc[d]);
       }
@@ -162,8 +165,8 @@ struct Buffer {  // grow-only scratch, 64-byte aligned
 };
 
 struct Scratch {  // per thread, kept between calls
-  Buffer q, scores, acc, chunk, inv;
-  std::vector<int64_t> lens;
+  Buffer q, scores, acc, chunk, inv, window;
+  std::vector<int64_t> lens, starts;
 };
 
 inline Scratch& scratch() {
@@ -193,10 +196,30 @@ inline void offsets(const Rows& a, const int64_t* table, int64_t h, int64_t j0, 
 }
 
 // the (row, query head) pairs of a tile, rg = (r - r0) * group + g: their visible positions
-inline int64_t tile_lens(const Rows& a, const Tile& t, int64_t group, int64_t* len) {
+inline int64_t tile_lens(const Rows& a, const Tile& t, int64_t group, int64_t* len, int64_t* start) {
   int64_t n_max = 0;
-  for (int64_t rg = 0; rg < (t.r1 - t.r0) * group; ++rg) n_max = std::max(n_max, len[rg] = a.lens[t.r0 + rg / group]);
+  for (int64_t rg = 0; rg < (t.r1 - t.r0) * group; ++rg) {
+    n_max = std::max(n_max, len[rg] = a.lens[t.r0 + rg / group]);
+    start[rg] = a.starts[t.r0 + rg / group];
+  }
   return n_max;
+}
+
+// a pair's softmax over its positions [start, n) of sc (the scalar statement's: lanes counted
+// from start), leaving p there and 0 before start; returns 1 / l. The vector softmax runs on an
+// aligned copy of the window; zeros before it then add nothing to the weighted sums (fma(0, v,
+// acc) = acc).
+template <class Softmax>
+inline float windowed_softmax(Softmax softmax, float* sc, int64_t start, int64_t n, Buffer& scratch) {
+  if (start == 0) return n > 0 ? softmax(sc, n) : 0.0f;
+  if (n <= start) return 0.0f;
+  const int64_t count = n - start;
+  float* window = scratch.get(static_cast<size_t>((count + kLanes - 1) / kLanes * kLanes));
+  std::memcpy(window, sc + start, static_cast<size_t>(count) * sizeof(float));
+  const float inv = softmax(window, count);
+  std::memcpy(sc + start, window, static_cast<size_t>(count) * sizeof(float));
+  std::fill(sc, sc + start, 0.0f);
+  return inv;
 }
 
 inline const float* q_row(const Rows& a, const Tile& t, int64_t group, int64_t rg) {
@@ -458,7 +481,8 @@ ARGOSY_ATTN512 void scores512(const float* q, const float* kt, float* out, int64
 template <int C>
 ARGOSY_ATTN512 void values512(int64_t count, const float* p, int64_t p_stride, const float* vf, const int64_t* len,
                               int64_t j0, float* acc) {
-  constexpr int NV = std::min(8, (29 - C) / C);  // accumulators + one V row + p in the 32 registers
+  // accumulators + one V row + p in the 32 registers (at least one pair: head dim 256 spills)
+  constexpr int NV = std::max(1, std::min(8, (29 - C) / C));
   for (int64_t rg = 0; rg < count; rg += NV)
     pv512_up_to<C, NV>(count - rg, p + rg * p_stride, p_stride, vf, len + rg, j0, acc + rg * C * kLanes);
 }
@@ -736,8 +760,10 @@ void tile(const Rows& a, const Tile& t) {
   const int64_t group = a.heads / a.kv_heads, count = (t.r1 - t.r0) * group;
   Scratch& s = scratch();
   s.lens.resize(static_cast<size_t>(count));
+  s.starts.resize(static_cast<size_t>(count));
   int64_t* len = s.lens.data();
-  const int64_t n_max = tile_lens(a, t, group, len);
+  int64_t* start = s.starts.data();
+  const int64_t n_max = tile_lens(a, t, group, len, start);
   const int64_t chunks = (n_max + kChunk - 1) / kChunk, padded = chunks * kChunk;
   float* qf = s.q.get(count * dim);
   float* sc = s.scores.get(count * padded);
@@ -753,7 +779,8 @@ void tile(const Rows& a, const Tile& t) {
     for (int64_t rg = 0; rg < count; ++rg)
       Path::scores(qf + rg * dim, kt, sc + rg * padded + j0, (n + kLanes - 1) / kLanes, a.scale);
   }
-  for (int64_t rg = 0; rg < count; ++rg) inv[rg] = len[rg] > 0 ? Path::softmax(sc + rg * padded, len[rg]) : 0.0f;
+  for (int64_t rg = 0; rg < count; ++rg)
+    inv[rg] = windowed_softmax(Path::softmax, sc + rg * padded, start[rg], len[rg], s.window);
   std::fill(acc, acc + count * dim, 0.0f);
   for (int64_t ch = 0; ch < chunks; ++ch) {
     const int64_t j0 = ch * kChunk;
@@ -762,7 +789,7 @@ void tile(const Rows& a, const Tile& t) {
     else vf = t.shared + ch * 2 * kChunk * dim + kChunk * dim;
     Path::values(count, sc + j0, padded, vf, len, j0, acc);
   }
-  for (int64_t rg = 0; rg < count; ++rg) store_row(a, t, group, rg, acc + rg * dim, inv[rg], len[rg]);
+  for (int64_t rg = 0; rg < count; ++rg) store_row(a, t, group, rg, acc + rg * dim, inv[rg], len[rg] - start[rg]);
 }
 
 using TileFn = void (*)(const Rows&, const Tile&);
@@ -778,7 +805,7 @@ Kernels kernels() {
   return {tile<Path<C>, C>, Path<C>::chunk};
 }
 
-// the vector kernels of `path` for head dim `dim` (16 .. 128), or none (then the scalar statement)
+// the vector kernels of `path` for head dim `dim` (16 .. 128, 256), or none (then the scalar statement)
 template <template <int> class Path>
 Kernels pick_dim(int64_t dim) {
   switch (dim) {
@@ -790,6 +817,7 @@ Kernels pick_dim(int64_t dim) {
     case 96: return kernels<Path, 6>();
     case 112: return kernels<Path, 7>();
     case 128: return kernels<Path, 8>();
+    case 256: return kernels<Path, 16>();  // Gemma 3
     default: return {};
   }
 }
@@ -822,8 +850,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               "attention: float32 q; float16 k, v and caches");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "attention: caches must be contiguous");
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k.size(1);
-  TORCH_CHECK(heads % kv_heads == 0 && dim % attn::kLanes == 0 && dim <= 128,
-              "attention: heads a multiple of KV heads, head dim a multiple of 16 up to 128");
+  TORCH_CHECK(heads % kv_heads == 0 && dim % attn::kLanes == 0 && (dim <= 128 || dim == 256),
+              "attention: heads a multiple of KV heads, head dim a multiple of 16 up to 128, or 256");
   TORCH_CHECK(k_cache.size(1) == kv_heads && k_cache.size(2) == dim, "attention: cache shape");
   const int64_t ctx = mask.size(-1);
   TORCH_CHECK(ctx % block_size == 0 && block_ids.numel() == rows * (ctx / block_size),
@@ -847,11 +875,14 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t* table = bc.data_ptr<int64_t>();
   for (int64_t i = 0; i < bc.numel(); ++i)
     TORCH_CHECK(table[i] >= 0 && table[i] < num_blocks, "attention: block id out of range");
-  std::vector<int64_t> lens(static_cast<size_t>(rows));
+  std::vector<int64_t> lens(static_cast<size_t>(rows)), starts(static_cast<size_t>(rows));
   const bool* m = mc.data_ptr<bool>();
-  for (int64_t r = 0; r < rows; ++r) {  // the visible positions: a prefix (up to the first false)
-    const void* first_false = std::memchr(m + r * ctx, 0, static_cast<size_t>(ctx));
-    lens[r] = first_false == nullptr ? ctx : static_cast<const bool*>(first_false) - (m + r * ctx);
+  for (int64_t r = 0; r < rows; ++r) {  // the visible positions: one run, from the first true to the next false
+    const bool* row = m + r * ctx;
+    const void* first_true = std::memchr(row, 1, static_cast<size_t>(ctx));
+    starts[r] = first_true == nullptr ? 0 : static_cast<const bool*>(first_true) - row;
+    const void* next_false = std::memchr(row + starts[r], 0, static_cast<size_t>(ctx - starts[r]));
+    lens[r] = next_false == nullptr ? ctx : static_cast<const bool*>(next_false) - row;
   }
   auto out = at::empty({rows, heads * dim}, q.options());
   attn::Rows a{qc.data_ptr<float>(),
@@ -859,6 +890,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::Half>()),
                table,
                lens.data(),
+               starts.data(),
                out.data_ptr<float>(),
                heads,
                kv_heads,
