@@ -98,6 +98,8 @@ def _llama_server_command(ctx: LaunchContext) -> list[str]:
         "-t", str(ctx.threads), "-tb", str(ctx.threads),
         "-np", str(ctx.slots), "-c", str(SLOT_CONTEXT_TOKENS * ctx.slots),
         "--host", HOST, "--port", str(ctx.port), "--no-webui", "-a", ctx.model.name,
+        # Gemma's base GGUF has no template: llama.cpp's built-in Gemma one, as Argosy's
+        *(["--chat-template", "gemma"] if ctx.model.name == "gemma3" else []),
     ]  # fmt: skip
 
 
@@ -231,7 +233,7 @@ def load_model_files(name: str) -> ModelFiles:
     tokens_field = reader.get_field("tokenizer.ggml.tokens")
     if tokens_field is not None:
         tokens = tokens_field.contents()
-        for end_text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>"):
+        for end_text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>", "<end_of_turn>"):
             if end_text in tokens:
                 eos_ids.add(tokens.index(end_text))
     return ModelFiles(name=name, gguf_path=gguf_path, hf_dir=hf_dir, eos_token_ids=tuple(sorted(eos_ids)))
