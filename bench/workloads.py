@@ -138,6 +138,16 @@ class PromptTokenCounter:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+        if not self.tokenizer.chat_template:  # a base model (Gemma 3 270M): the template Argosy ships
+            import json
+            from pathlib import Path
+
+            from argosy.chat.builtin_templates import builtin_template
+
+            config = json.loads((Path(hf_dir) / "config.json").read_text())
+            shipped = builtin_template((config.get("architectures") or [None])[0])
+            if shipped is not None:
+                self.tokenizer.chat_template = shipped[1]
 
     def count_text(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
