@@ -7,9 +7,10 @@ built (under a lock, so two models loading at once cannot see each other's)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -122,7 +123,8 @@ def load_model(
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype)  # build the parameters in their final dtype: no fp32 copy
         try:
-            model = builder_for(source.architecture)(source.hf_config)
+            with _weights_left_uninitialised():  # every one is loaded from the files next
+                model = builder_for(source.architecture)(source.hf_config)
         finally:
             torch.set_default_dtype(previous)
     assert isinstance(model, DecoderForCausalLM)
@@ -159,6 +161,22 @@ def load_model(
             "packed %s weights: %d linear layers", str(dtype).removeprefix("torch."), apply_packing(model)
         )
     return model
+
+
+@contextlib.contextmanager
+def _weights_left_uninitialised() -> Iterator[None]:
+    """Modules built without their random initialisation: load_weights overwrites every
+    parameter (and refuses a checkpoint that lacks one), and initialising them cost 5.9 s of
+    Gemma 3's 10.5 s load (a 262k x 640 embedding drawn from a normal distribution)."""
+    names = ("kaiming_uniform_", "uniform_", "normal_", "zeros_", "ones_", "trunc_normal_")
+    saved = {name: getattr(torch.nn.init, name) for name in names}
+    for name in names:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(torch.nn.init, name, function)
 
 
 def file_rows(files: list[Path], names: list[str]) -> Callable[[int, int], torch.Tensor] | None:
