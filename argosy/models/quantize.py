@@ -76,11 +76,7 @@ def apply_blocks(model: DecoderForCausalLM, blocks: dict[str, torch.Tensor], dty
             codes = block_codes_of(blocks, [f"model.layers.{i}.{p}.weight" for p in parts])
             if not isinstance(current, nn.Linear) or codes is None:
                 continue
-            try:
-                layer = Int8Linear(None, current.bias, dtype, invariant=True, blocks=codes)
-            except ValueError:  # a code of -128: the float weights serve
-                continue
-            _replace(model, path, layer)
+            _replace(model, path, Int8Linear(None, current.bias, dtype, invariant=True, blocks=codes))
             count += 1
     return count
 
@@ -124,23 +120,14 @@ def apply_int8_head(
     `weight_rows`: the head's rows as the files hold them, `blocks`: its own codes (Int8Linear)."""
     head = model.lm_head
     assert isinstance(head, nn.Linear)
-    try:
-        int8 = Int8Linear(
-            head.weight,
-            head.bias,
-            dtype,
-            invariant=invariant,
-            float_output=float_output,
-            weight_rows=weight_rows,
-            blocks=blocks,
-        )
-    except ValueError:  # its own codes hold a -128: requantized from the weights instead
-        int8 = Int8Linear(
-            head.weight,
-            head.bias,
-            dtype,
-            invariant=invariant,
-            float_output=float_output,
-            weight_rows=weight_rows,
-        )
+    # a file's codes are within [-127, 127] (gguf_quant.block_codes keeps float weights otherwise)
+    int8 = Int8Linear(
+        head.weight,
+        head.bias,
+        dtype,
+        invariant=invariant,
+        float_output=float_output,
+        weight_rows=weight_rows,
+        blocks=blocks,
+    )
     model.lm_head = BatchSwitchLinear(int8, head, max_int8_rows) if max_int8_rows else int8  # type: ignore[assignment]
