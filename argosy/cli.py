@@ -41,9 +41,17 @@ _BYTE_SIZE_FIELDS = {
     "max_loaded_memory",
     "max_small_body_bytes",
     "events_log_max_bytes",
+    "max_audio_body_bytes",
 }
 _SECRET_FIELDS = {"api_key"}  # printed as *** (a key is never printed or logged)
-_DURATION_FIELDS = {"session_ttl", "request_timeout", "model_load_timeout", "keep_alive", "shutdown_grace"}
+_DURATION_FIELDS = {
+    "session_ttl",
+    "request_timeout",
+    "model_load_timeout",
+    "keep_alive",
+    "shutdown_grace",
+    "max_audio_seconds",
+}
 _HIDDEN_FIELDS = {"operator_sampling", "model"}  # --model is repeatable: see model_specs
 _HELP = {
     "model": "a registered name (smollm2), a .gguf file or a Hugging Face folder",
@@ -66,6 +74,9 @@ _HELP = {
     "trusted_proxies": "an address or CIDR of a proxy whose X-Forwarded-For names the client; repeatable",
     "allowed_origins": "a browser origin allowed by CORS (or *); repeatable; none: CORS off",
     "max_small_body_bytes": "largest body on routes that generate nothing (default 1M); suffixes as for --kv-cache-memory",
+    "max_audio_body_bytes": "largest upload on the audio routes (default 100M); suffixes as for --kv-cache-memory",
+    "max_audio_seconds": "longest audio one transcription request may hold (default 30m); suffixes as for --session-ttl",
+    "max_speech_chars": "most characters of text one speech request may hold (default 4096)",
     "events_log": "write every request's events as JSON lines to this file (rotated at --events-log-max-bytes)",
     "events_log_max_bytes": "rotate the events log past this size (default 64M)",
     "events_ring_size": "requests kept in memory for the console (default 1000)",
@@ -184,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="[ID=]SOURCE[:QUANT]",
         help="a model to serve, repeatable: smollm2, fast=smollm2:int4, minilm (embeddings), "
+        "whisper-tiny.en (transcription), piper-joe or espeak (speech), "
         "a .gguf file or a model folder; the first one is loaded at start-up, the others on request "
         "(default: smollm2)",
     )
@@ -261,8 +273,14 @@ def parse_model_arg(text: str) -> ModelSpec:
 
 
 def model_kind(source: str) -> str:
-    """embedding for a registered embedding name or a sentence-transformers folder, else chat."""
+    """embedding for a registered embedding name or a sentence-transformers folder; transcription
+    or speech for an audio model (argosy/audio/sources.py); else chat."""
+    from argosy.audio.sources import audio_kind
     from argosy.models.embedding_source import EMBEDDING_REGISTRY
+
+    kind = audio_kind(source)
+    if kind is not None:
+        return kind
 
     if source in EMBEDDING_REGISTRY:
         return "embedding"

@@ -171,7 +171,7 @@ def _in(value: float | None, low: float, high: float) -> bool:
     return value is None or low <= value <= high
 
 
-MODEL_KINDS = ("chat", "embedding")
+MODEL_KINDS = ("chat", "embedding", "transcription", "speech")
 
 
 @dataclass(slots=True)
@@ -181,7 +181,7 @@ class ModelSpec:
 
     id: str  # what clients name
     source: str  # a registered name (smollm2, minilm), a .gguf file or a model folder
-    kind: str = "chat"  # chat | embedding
+    kind: str = "chat"  # chat | embedding | transcription | speech
     aliases: tuple[str, ...] = ()
     quantization: str | None = None
     compile: str | None = None
@@ -253,6 +253,10 @@ class ServerConfig:
     trusted_proxies: list[str] = field(default_factory=list)  # addresses / CIDRs whose X-Forwarded-For counts
     allowed_origins: list[str] = field(default_factory=list)  # CORS; none: no CORS headers at all
     max_small_body_bytes: int = 1024 * 1024  # routes that generate nothing: 413 past it
+    # Audio (argosy/audio/): uploads get their own, larger limit; sync work is capped in length
+    max_audio_body_bytes: int = 100 * 1024 * 1024  # transcription uploads: 413 past it
+    max_audio_seconds: float = 1800.0  # audio one transcription request may hold; longer: a job
+    max_speech_chars: int = 4096  # text one speech request may hold (OpenAI's limit); longer: a job
     events_log: str | None = None  # request events as JSON lines (rotated)
     events_log_max_bytes: int = 64 * 1024 * 1024
     events_ring_size: int = 1000  # the last N requests kept in memory (the console reads them)
@@ -305,6 +309,12 @@ class ServerConfig:
             raise InvalidRequestError("burst must be at least 1", "burst")
         if self.max_small_body_bytes < 1:
             raise InvalidRequestError("max_small_body_bytes must be positive", "max_small_body_bytes")
+        if self.max_audio_body_bytes < 1:
+            raise InvalidRequestError("max_audio_body_bytes must be positive", "max_audio_body_bytes")
+        if self.max_audio_seconds <= 0:
+            raise InvalidRequestError("max_audio_seconds must be positive", "max_audio_seconds")
+        if self.max_speech_chars < 1:
+            raise InvalidRequestError("max_speech_chars must be at least 1", "max_speech_chars")
         if self.events_ring_size < 0:
             raise InvalidRequestError("events_ring_size must be >= 0", "events_ring_size")
         for proxy in self.trusted_proxies:

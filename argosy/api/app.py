@@ -35,6 +35,8 @@ from argosy.api.openai import chat as openai_chat
 from argosy.api.openai import completions as openai_completions
 from argosy.api.openai import embeddings as openai_embeddings
 from argosy.api.openai import models as openai_models
+from argosy.api.openai import speech as openai_speech
+from argosy.api.openai import transcriptions as openai_transcriptions
 from argosy.api.openai.responses import route as openai_responses
 from argosy.api.openapi import openapi_document
 from argosy.api.transport import (
@@ -166,6 +168,8 @@ LARGE_BODY_PATHS = frozenset(
         "/detokenize",
     }
 )
+# the routes that take audio uploads: up to --max-audio-body-bytes
+AUDIO_BODY_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
 # what a browser page may read of a response (CORS)
 EXPOSED_HEADERS = ["x-request-id", "x-argosy-degraded", "x-argosy-sampling", "retry-after"]
 
@@ -187,6 +191,7 @@ def build_app(
     every request's started / finished events go (argosy/core/events.py)."""
     app = FastAPI(title="Argosy", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.registry = registry
+    app.state.server_config = config
     app.state.gate = gate = Gate.from_config(config)
     app.state.pipeline = pipeline or Pipeline(registry, policy=gate.policy)
     app.state.sessions = sessions
@@ -213,6 +218,8 @@ def build_app(
             openai_completions,
             openai_responses,
             openai_embeddings,
+            openai_transcriptions,
+            openai_speech,
             tokenizer_routes,
             anthropic_messages,
             ollama_generate,
@@ -230,7 +237,10 @@ def build_app(
     app.add_middleware(ArrivalMiddleware, arriving=registry.arriving, paths=GENERATION_PATHS)
 
     def body_limit(scope: Scope) -> int:
-        return config.max_body_bytes if scope["path"] in LARGE_BODY_PATHS else config.max_small_body_bytes
+        path = scope["path"]
+        if path in AUDIO_BODY_PATHS:
+            return config.max_audio_body_bytes
+        return config.max_body_bytes if path in LARGE_BODY_PATHS else config.max_small_body_bytes
 
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit, render=error_response)
     app.add_middleware(GateMiddleware, gate=gate, render=error_response)

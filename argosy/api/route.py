@@ -45,6 +45,7 @@ class RouteCall:
         self.qos = qos
         self.stream: CoreStream | None = None
         self.is_detached = False  # the stream outlives the HTTP response (a background job)
+        self.lease_handed_off = False  # a streamed answer without a CoreStream releases it
 
     @property
     def request_id(self) -> str:
@@ -70,6 +71,13 @@ class RouteCall:
             record.sampling = stream.effective_sampling()  # as x-argosy-sampling says it
             stream.on_close.append(lambda: note_generation(record, stream))
         return stream
+
+    def release_with(self, response: SSEResponse) -> SSEResponse:
+        """A streamed answer that runs no CoreStream (audio): the model's lease is held until
+        its frames end, whatever ends them."""
+        response.closers.append(self.lease.release)
+        self.lease_handed_off = True
+        return response
 
 
 def note_generation(record: RequestRecord, stream: CoreStream) -> None:
@@ -140,7 +148,7 @@ async def run_route(request: Request, route: ModelRoute[Any]) -> Response:
         call = RouteCall(request, ctx, pipeline, lease, ctx.qos)
         response = await route.serve(body, lease.service, call)
     finally:
-        if lease is not None and (call is None or call.stream is None):
+        if lease is not None and (call is None or (call.stream is None and not call.lease_handed_off)):
             lease.release()  # no generation holds it (else the stream releases it as it ends)
     if call.stream is not None and isinstance(response, SSEResponse) and not call.is_detached:
         # a client gone before the first frame leaves the stream never entered: close it anyway

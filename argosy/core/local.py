@@ -1,7 +1,8 @@
 """Loading a configured model into this process: the registry's `load_fn` for local engines.
 
 A chat model becomes an AsyncEngine (built on its own engine thread) behind a ModelService;
-an embedding model an AsyncEmbeddingEngine behind an EmbeddingService. Runs on a worker
+an embedding model an AsyncEmbeddingEngine behind an EmbeddingService; an audio model (kind
+transcription or speech) a TranscriptionService or SpeechService (argosy/audio/). Runs on a worker
 thread (the registry's), never on the event loop.
 """
 
@@ -27,6 +28,8 @@ class LocalModelLoader:
 
     def __call__(self, spec: ModelSpec) -> LoadedModel:
         config = spec.engine_config(self.engine_config)
+        if spec.kind in ("transcription", "speech"):
+            return _audio_model(spec, config.num_threads)
         if spec.kind == "embedding":
             from argosy.engine.embedding_engine import AsyncEmbeddingEngine, EmbeddingEngine
 
@@ -39,3 +42,24 @@ class LocalModelLoader:
         engine = AsyncEngine(lambda: LLMEngine(config))  # built on its own thread
         options = ServiceOptions.of(spec, self.server_config, config.speculative)
         return ModelService(spec.id, engine, options, sessions=self.sessions)
+
+
+def _audio_model(spec: ModelSpec, num_threads: int | None) -> LoadedModel:
+    import os
+
+    from argosy.audio.sources import audio_source
+    from argosy.errors import ModelLoadError
+
+    source = audio_source(spec.source)
+    if source is None or source.kind != spec.kind:
+        raise ModelLoadError(
+            f"model {spec.id!r}: {spec.source!r} is not a {spec.kind} model (a registered audio model, "
+            "a CTranslate2 Whisper folder or a Piper .onnx voice)"
+        )
+    if source.kind == "transcription":
+        from argosy.audio.transcription import TranscriptionService
+
+        return TranscriptionService(spec.id, source, threads=num_threads or os.cpu_count() or 1)
+    from argosy.audio.speech import SpeechService
+
+    return SpeechService(spec.id, source)

@@ -59,7 +59,7 @@ class ModelInfo:
 
     id: str
     created: int
-    kind: str  # chat | embedding
+    kind: str  # chat | embedding | transcription | speech
     state: str  # unloaded | loading | loaded | failed | dead
     is_loaded: bool
     context_length: int | None
@@ -82,6 +82,10 @@ class ModelInfo:
     chat_template_source: str | None = None  # model | models file | built-in (<family>) | None
     tensor_formats: dict[str, str] | None = None  # a GGUF's types per weight role
     error: str | None = None  # failed: why it did not load
+    tasks: tuple[str, ...] | None = None  # audio models: transcribe / translate / speech
+    languages: tuple[str, ...] | None = None  # transcription models: the languages it knows
+    voices: tuple[str, ...] | None = None  # speech models: the voices it speaks
+    description: str | None = None  # audio models: what the model is
 
 
 @dataclass(slots=True)

@@ -20,6 +20,8 @@ from argosy.core.service import ModelInfo
 from argosy.errors import NotFoundError
 
 router = APIRouter()
+# the audio model kinds and the tasks each serves (a multilingual recogniser also translates)
+AUDIO_KINDS = {"transcription": ("transcribe",), "speech": ("speech",)}
 
 
 def model_json(info: ModelInfo) -> dict[str, Any]:
@@ -37,6 +39,15 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
     }
     if info.kind == "embedding":
         capabilities |= {"embeddings": True, "dimensions": info.dimensions}
+    elif info.kind in AUDIO_KINDS:
+        capabilities |= {
+            "modalities": ["audio", "text"],
+            "tasks": list(info.tasks or AUDIO_KINDS[info.kind]),
+            "languages": None if info.languages is None else list(info.languages),
+            "voices": None if info.voices is None else list(info.voices),
+            "description": info.description,
+            "quantization": info.quantization,
+        }
     else:
         capabilities |= {
             "chat_template": info.has_chat_template,
@@ -78,4 +89,27 @@ async def retrieve_model(request: Request, model_id: str) -> JSONResponse:
     except NotFoundError as exc:
         exc.param = None  # a path segment, not a body field
         raise
+    return JSONResponse(model_json(registry.info(entry)))
+
+
+@router.get("/v1/audio/models")
+async def list_audio_models(request: Request) -> JSONResponse:
+    """The configured audio models (transcription and speech), each with its tasks and voices."""
+    registry: ModelRegistry = request.app.state.registry
+    entries = [e for e in registry.entries if e.spec.kind in AUDIO_KINDS]
+    return JSONResponse({"object": "list", "data": [model_json(registry.info(e)) for e in entries]})
+
+
+@router.get("/v1/audio/models/{model_id:path}")
+async def retrieve_audio_model(request: Request, model_id: str) -> JSONResponse:
+    registry: ModelRegistry = request.app.state.registry
+    try:
+        entry = registry.resolve(model_id)
+    except NotFoundError as exc:
+        exc.param = None
+        raise
+    if entry.spec.kind not in AUDIO_KINDS:
+        raise NotFoundError(
+            f"'{model_id}' is a {entry.spec.kind} model, not an audio model.", code="not_audio_model"
+        )
     return JSONResponse(model_json(registry.info(entry)))

@@ -1,0 +1,99 @@
+"""One worker thread per audio model: requests queue for it in arrival order, and a blocking
+generator (segments recognised, sentences synthesised) is handed to the event loop item by
+item as the library produces them.
+
+On two cores one recognition at a time is the fastest order (CTranslate2 and onnxruntime use
+every core for one request); concurrent requests wait, counted in `waiting`, and past
+`max_waiting` a new one is refused (503 + Retry-After) instead of queueing without bound. A
+consumer that stops early (a client gone) stops the generator at its next item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncGenerator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from argosy.errors import OverloadedError
+
+T = TypeVar("T")
+_DONE = object()
+
+
+class AudioWorker:
+    def __init__(self, name: str, max_waiting: int = 64) -> None:
+        self.name = name
+        self.max_waiting = max_waiting
+        self.waiting = 0  # requests queued behind the one running
+        self.running = 0
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"audio-{name}")
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """`fn()` on the worker thread, in turn."""
+        results = self.iterate(lambda: iter((fn(),)))
+        try:
+            return await anext(results)
+        finally:
+            await results.aclose()
+
+    async def iterate(self, make: Callable[[], Iterator[T]]) -> AsyncGenerator[T, None]:
+        """The items of `make()` (run on the worker thread) as they come."""
+        self._admit()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        stop = threading.Event()
+
+        def run() -> None:
+            self._started()
+            try:
+                for item in make():
+                    loop.call_soon_threadsafe(queue.put_nowait, item)
+                    if stop.is_set():
+                        break
+                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+            except BaseException as exc:  # handed to the consumer, raised there
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+            finally:
+                self._finished()
+
+        future = self._executor.submit(run)
+        try:
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            if future.cancel():  # never started: it leaves the queue
+                self._left_unstarted()
+
+    def _admit(self) -> None:
+        with self._lock:
+            if self.waiting >= self.max_waiting:
+                raise OverloadedError(
+                    f"Model '{self.name}' has {self.waiting} audio requests waiting; try again shortly.",
+                    retry_after_s=2,
+                )
+            self.waiting += 1
+
+    def _started(self) -> None:
+        with self._lock:
+            self.waiting -= 1
+            self.running += 1
+
+    def _finished(self) -> None:
+        with self._lock:
+            self.running -= 1
+
+    def _left_unstarted(self) -> None:
+        with self._lock:
+            self.waiting -= 1
