@@ -48,6 +48,10 @@ ROOTS = (
     "ResponseStreamEvent",
     "ResponseItemList",
     "ErrorResponse",
+    "CreateTranscriptionResponseJson",
+    "CreateTranscriptionResponseVerboseJson",
+    "TranscriptTextDeltaEvent",
+    "TranscriptTextDoneEvent",
 )
 
 # The operations the server implements, kept (verbatim) for fuzzing: tests/faults/test_fuzz.py

@@ -6,7 +6,10 @@ mp3, flac, ogg, webm, m4a, ...), `model`, `language`, `prompt`, `temperature` (0
 `response_format` (`json` default, `text`, `srt`, `vtt`, `verbose_json`),
 `timestamp_granularities[]` (`segment` default, `word`; only with `verbose_json`, as OpenAI
 requires), `stream` (SSE `transcript.text.delta` per segment as it is decoded, then
-`transcript.text.done` with the whole text and usage; with `json` or `text` only).
+`transcript.text.done` with the whole text and usage; with `json` or `text` only). Usage is
+by duration on a whole answer (`{"type": "duration", "seconds"}`, as whisper-1's) and by
+tokens on a stream's done event (as the spec has it there): input tokens are Whisper's encoder
+frames (50 per second of audio), output tokens the text tokens decoded.
 
 Refused with a 400 naming the field: an empty, corrupt or over-long file (--max-audio-seconds),
 a language the model does not know, word timestamps without verbose_json, streaming a subtitle
@@ -39,6 +42,7 @@ from argosy.errors import InvalidRequestError
 
 router = APIRouter()
 
+ENCODER_FRAMES_PER_SECOND = 50  # Whisper's encoder: 1500 frames per 30 s window
 ResponseFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
 
 
@@ -192,13 +196,24 @@ async def _stream_events(
     service: TranscriptionService, samples: Any, options: TranscribeOptions
 ) -> AsyncIterator[dict[str, Any]]:
     parts: list[str] = []
+    output_tokens = 0
     async for item in service.transcribe(samples, options):
+        if isinstance(item, Segment):
+            output_tokens += len(item.tokens)
         if isinstance(item, Segment) and item.text:
             delta = item.text if parts else item.text.lstrip()
             parts.append(delta)
             yield {"type": "transcript.text.delta", "delta": delta}
     text = "".join(parts).strip()
-    yield {"type": "transcript.text.done", "text": text, "usage": _usage(duration_of(samples))}
+    audio_tokens = math.ceil(duration_of(samples) * ENCODER_FRAMES_PER_SECOND)
+    usage = {
+        "type": "tokens",
+        "input_tokens": audio_tokens,
+        "input_token_details": {"audio_tokens": audio_tokens, "text_tokens": 0},
+        "output_tokens": output_tokens,
+        "total_tokens": audio_tokens + output_tokens,
+    }
+    yield {"type": "transcript.text.done", "text": text, "usage": usage}
 
 
 @router.post("/v1/audio/transcriptions")

@@ -1,0 +1,345 @@
+"""Audio through the official openai client: transcription (faster-whisper tiny.en), speech
+(the Piper voice joe, and espeak-ng where installed), and every refusal a 4xx naming what is
+missing.
+
+One server serves the audio models only (whisper-tiny.en loads at start-up, piper-joe on its
+first request), with small caps so the limits can be shown: --max-audio-body-bytes 3M and
+--max-audio-seconds 25. Speech is checked with a decoder (soundfile, PyAV), recognition by the
+word error rate against the sentences spoken.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import wave
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.e2e.server import models_server
+from tests.openai_schema import validate
+
+pytest.importorskip("faster_whisper")
+pytest.importorskip("piper")
+sf = pytest.importorskip("soundfile")
+av = pytest.importorskip("av")
+
+pytestmark = pytest.mark.e2e
+
+HAS_ESPEAK = shutil.which("espeak-ng") is not None
+SENTENCES = [
+    "The weather will be sunny with a light breeze this afternoon.",
+    "Please put the vegetables in the oven for twenty minutes.",
+    "The next train to the city leaves from platform four.",
+    "She opened the window and listened to the birds singing.",
+    "Our library is open every day except Sunday.",
+]
+MODELS = """
+[[model]]
+id = "whisper-tiny.en"
+source = "whisper-tiny.en"
+
+[[model]]
+id = "tts"
+source = "piper-joe"
+aliases = ["tts-1"]
+""" + ('\n[[model]]\nid = "espeak"\nsource = "espeak"\n' if HAS_ESPEAK else "")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    directory = tmp_path_factory.mktemp("audio")
+    flags = ["--max-audio-body-bytes", "3M", "--max-audio-seconds", "25"]
+    with models_server(directory, MODELS, extra_flags=flags, threads=2) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def client(server: object) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def spoken(client: openai.OpenAI) -> list[bytes]:
+    """Each sentence spoken by the server's Piper voice, as WAV."""
+    return [
+        client.audio.speech.create(model="tts-1", voice="joe", input=text, response_format="wav").content
+        for text in SENTENCES
+    ]
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+
+
+def word_errors(reference: str, hypothesis: str) -> int:
+    ref, hyp = words(reference), words(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1]
+
+
+def wer(references: list[str], hypotheses: list[str]) -> float:
+    errors = sum(word_errors(r, h) for r, h in zip(references, hypotheses, strict=True))
+    return errors / sum(len(words(r)) for r in references)
+
+
+def duration(data: bytes) -> float:
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        samples = sum(frame.samples for frame in container.decode(stream))
+        return samples / stream.rate
+
+
+def test_speech_to_transcription_round_trip(client: openai.OpenAI, spoken: list[bytes]) -> None:
+    texts = [
+        client.audio.transcriptions.create(model="whisper-tiny.en", file=(f"s{i}.wav", wav)).text
+        for i, wav in enumerate(spoken)
+    ]
+    assert wer(SENTENCES, texts) <= 0.20, texts
+
+
+@pytest.mark.skipif(not HAS_ESPEAK, reason="espeak-ng is not installed")
+def test_espeak_voice_is_understood(client: openai.OpenAI) -> None:
+    wav = client.audio.speech.create(model="espeak", voice="en-us", input=SENTENCES[2], response_format="wav")
+    text = client.audio.transcriptions.create(model="whisper-tiny.en", file=("e.wav", wav.content)).text
+    assert wer([SENTENCES[2]], [text]) <= 0.35, text
+
+
+def test_json_and_verbose_json_follow_the_spec(client: openai.OpenAI, spoken: list[bytes]) -> None:
+    raw = client.audio.transcriptions.with_raw_response.create(
+        model="whisper-tiny.en", file=("a.wav", spoken[0])
+    )
+    body = json.loads(raw.content)
+    validate("CreateTranscriptionResponseJson", body)
+    assert body["usage"]["type"] == "duration" and body["usage"]["seconds"] >= 1
+    raw = client.audio.transcriptions.with_raw_response.create(
+        model="whisper-tiny.en",
+        file=("a.wav", spoken[0]),
+        response_format="verbose_json",
+        timestamp_granularities=["word", "segment"],
+    )
+    verbose = json.loads(raw.content)
+    validate("CreateTranscriptionResponseVerboseJson", verbose)
+    assert verbose["language"] == "english" and verbose["task"] == "transcribe"
+    assert verbose["segments"] and verbose["words"]
+    starts = [w["start"] for w in verbose["words"]]
+    assert starts == sorted(starts) and verbose["words"][-1]["end"] <= verbose["duration"] + 0.5
+    assert " ".join(w["word"] for w in verbose["words"]).split() == verbose["text"].split()
+    only_words = client.audio.transcriptions.create(
+        model="whisper-tiny.en",
+        file=("a.wav", spoken[0]),
+        response_format="verbose_json",
+        timestamp_granularities=["word"],
+    )
+    assert only_words.words and not getattr(only_words, "segments", None)
+
+
+def test_subtitle_formats(client: openai.OpenAI, spoken: list[bytes]) -> None:
+    # two sentences in one file: numbered cues, in order
+    both = np.concatenate([sf.read(io.BytesIO(w), dtype="int16")[0] for w in spoken[:2]])
+    buffer = io.BytesIO()
+    sf.write(buffer, both, 22050, format="WAV", subtype="PCM_16")
+    audio = buffer.getvalue()
+    srt = client.audio.transcriptions.create(
+        model="whisper-tiny.en", file=("a.wav", audio), response_format="srt"
+    )
+    cue = re.compile(r"(\d+)\n(\d\d:\d\d:\d\d,\d\d\d) --> (\d\d:\d\d:\d\d,\d\d\d)\n(.+?)\n(?:\n|$)", re.S)
+    cues = cue.findall(srt)
+    assert cues and [int(c[0]) for c in cues] == list(range(1, len(cues) + 1)), srt
+    assert all(c[1] < c[2] for c in cues)
+    vtt = client.audio.transcriptions.create(
+        model="whisper-tiny.en", file=("a.wav", audio), response_format="vtt"
+    )
+    assert vtt.startswith("WEBVTT\n\n")
+    times = re.findall(r"^(\d\d:\d\d:\d\d\.\d\d\d) --> (\d\d:\d\d:\d\d\.\d\d\d)$", vtt, re.M)
+    assert len(times) == len(cues)
+    text = client.audio.transcriptions.create(
+        model="whisper-tiny.en", file=("a.wav", audio), response_format="text"
+    )
+    assert wer([" ".join(SENTENCES[:2])], [text]) <= 0.25
+
+
+def test_streamed_deltas_join_to_the_final_text(client: openai.OpenAI, spoken: list[bytes]) -> None:
+    events = list(
+        client.audio.transcriptions.create(model="whisper-tiny.en", file=("a.wav", spoken[1]), stream=True)
+    )
+    deltas = [e for e in events if e.type == "transcript.text.delta"]
+    done = [e for e in events if e.type == "transcript.text.done"]
+    assert deltas and len(done) == 1 and events[-1] is done[0]
+    assert "".join(d.delta for d in deltas).strip() == done[0].text
+    for event in events:
+        validate(
+            "TranscriptTextDeltaEvent" if event.type.endswith("delta") else "TranscriptTextDoneEvent",
+            event.model_dump(exclude_none=True),
+        )
+    final = client.audio.transcriptions.create(model="whisper-tiny.en", file=("a.wav", spoken[1]))
+    assert done[0].text == final.text
+
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3", "flac", "opus", "aac"])
+def test_speech_formats_decode_and_grow_with_the_input(client: openai.OpenAI, fmt: str) -> None:
+    short = client.audio.speech.create(model="tts", voice="joe", input="Good morning.", response_format=fmt)
+    long = client.audio.speech.create(
+        model="tts", voice="joe", input=" ".join(SENTENCES[:2]), response_format=fmt
+    )
+    assert 0.3 < duration(short.content) < 3.0
+    assert duration(long.content) > 2.5 * duration(short.content)
+    if fmt in ("wav", "flac", "mp3"):
+        samples, rate = sf.read(io.BytesIO(long.content))
+        assert rate == 22050 and abs(len(samples) / rate - duration(long.content)) < 0.1
+
+
+def test_pcm_is_24khz_16bit_and_streamed_wav_says_unknown_length(client: openai.OpenAI) -> None:
+    raw = client.audio.speech.with_raw_response.create(
+        model="tts", voice="joe", input="Good morning.", response_format="pcm"
+    )
+    assert raw.headers["x-argosy-sample-rate"] == "24000"
+    pcm = np.frombuffer(raw.content, dtype="<i2")
+    assert len(raw.content) % 2 == 0 and 0.3 < pcm.size / 24000 < 3.0 and np.abs(pcm).max() > 1000
+    # Piper draws noise: two syntheses differ a little, so the WAV is checked on its own
+    wav = client.audio.speech.create(
+        model="tts", voice="joe", input="Good morning.", response_format="wav"
+    ).content
+    with wave.open(io.BytesIO(wav)) as reader:  # streamed: the header's length is "unknown"
+        assert reader.getframerate() == 22050 and reader.getsampwidth() == 2 and reader.getnframes() >= 2**31 - 1
+    assert 0.3 < duration(wav) < 3.0
+
+
+def test_speech_streams_sentence_by_sentence(server: object) -> None:
+    body = {"model": "tts", "voice": "joe", "input": " ".join(SENTENCES), "response_format": "mp3"}
+    with httpx.stream("POST", f"{server.base_url}/v1/audio/speech", json=body, timeout=300) as response:  # type: ignore[attr-defined]
+        assert response.status_code == 200 and response.headers["content-type"] == "audio/mpeg"
+        chunks = [c for c in response.iter_raw() if c]
+    assert len(chunks) >= len(SENTENCES)  # one encoded piece per sentence at least
+    assert duration(b"".join(chunks)) > 10
+    body |= {"stream_format": "sse", "response_format": "wav"}
+    with httpx.stream("POST", f"{server.base_url}/v1/audio/speech", json=body, timeout=300) as response:  # type: ignore[attr-defined]
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    events = [json.loads(line[6:]) for line in lines]
+    assert [e["type"] for e in events[-1:]] == ["speech.audio.done"]
+    import base64
+
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert len(events) > len(SENTENCES) and duration(audio) > 10
+
+
+def test_openai_voice_names_are_named_degraded(client: openai.OpenAI) -> None:
+    raw = client.audio.speech.with_raw_response.create(
+        model="tts", voice="alloy", input="Hello.", response_format="wav", instructions="Speak cheerfully."
+    )
+    assert raw.status_code == 200
+    assert raw.headers["x-argosy-degraded"] == "instructions, voice"
+
+
+def test_audio_models_list_tasks_and_voices(client: openai.OpenAI, server: object) -> None:
+    client.audio.speech.create(model="tts", voice="joe", input="Hi.", response_format="wav")  # loaded
+    listing = httpx.get(f"{server.base_url}/v1/audio/models").json()["data"]  # type: ignore[attr-defined]
+    by_id = {m["id"]: m["capabilities"] for m in listing}
+    assert by_id["whisper-tiny.en"]["tasks"] == ["transcribe"] and by_id["whisper-tiny.en"]["languages"] == [
+        "en"
+    ]
+    assert by_id["tts"]["voices"] == ["joe"] and by_id["tts"]["kind"] == "speech"
+    assert by_id["tts"]["aliases"] == ["tts-1"]
+    one = httpx.get(f"{server.base_url}/v1/audio/models/tts-1").json()  # type: ignore[attr-defined]
+    assert one["id"] == "tts"
+
+
+def _error(call: object) -> tuple[int, dict[str, object]]:
+    with pytest.raises(openai.APIStatusError) as caught:
+        call()  # type: ignore[operator]
+    return caught.value.status_code, caught.value.body  # type: ignore[return-value]
+
+
+def test_refusals_name_what_is_missing(client: openai.OpenAI, spoken: list[bytes], server: object) -> None:
+    t = client.audio.transcriptions
+    cases = [
+        (lambda: t.create(model="whisper-tiny.en", file=("a.wav", b"")), "file", "empty"),
+        (
+            lambda: t.create(model="whisper-tiny.en", file=("a.wav", b"RIFF not really" * 64)),
+            "file",
+            "decoded",
+        ),
+        (
+            lambda: client.audio.translations.create(model="whisper-tiny.en", file=("a.wav", spoken[0])),
+            "model",
+            "translate",
+        ),
+        (
+            lambda: t.create(model="whisper-tiny.en", file=("a.wav", spoken[0]), language="de"),
+            "language",
+            "'de'",
+        ),
+        (
+            lambda: t.create(
+                model="whisper-tiny.en", file=("a.wav", spoken[0]), timestamp_granularities=["word"]
+            ),
+            "timestamp_granularities",
+            "verbose_json",
+        ),
+        (
+            lambda: t.create(
+                model="whisper-tiny.en", file=("a.wav", spoken[0]), response_format="srt", stream=True
+            ),
+            "stream",
+            "srt",
+        ),
+        (lambda: t.create(model="tts", file=("a.wav", spoken[0])), "model", "speech model"),
+        (lambda: client.audio.speech.create(model="tts", voice="nobody", input="Hi."), "voice", "joe"),
+        (lambda: client.audio.speech.create(model="tts", voice="joe", input="x" * 4097), "input", "4096"),
+        (lambda: client.audio.speech.create(model="tts", voice="joe", input="  "), "input", "text"),
+        (
+            lambda: client.audio.speech.create(model="whisper-tiny.en", voice="joe", input="Hi."),
+            "model",
+            "transcription model",
+        ),
+    ]
+    for call, param, words_in_message in cases:
+        status, body = _error(call)
+        assert status == 400 and body["param"] == param, body
+        assert words_in_message in str(body["message"]), body
+    # no model of the kind: 404 naming it; JSON where multipart belongs: 400 naming file
+    status, body = _error(lambda: t.create(model="whisper-large", file=("a.wav", spoken[0])))
+    assert status == 404 and body["param"] == "model"
+    response = httpx.post(f"{server.base_url}/v1/audio/transcriptions", json={"model": "whisper-tiny.en"})  # type: ignore[attr-defined]
+    assert response.status_code == 400 and response.json()["error"]["param"] == "file"
+
+
+def test_audio_caps(client: openai.OpenAI, spoken: list[bytes], server: object) -> None:
+    # 30 s of audio (over --max-audio-seconds 25) in a small file: 400 naming file
+    silence = np.zeros(16000 * 30, dtype=np.int16)
+    buffer = io.BytesIO()
+    sf.write(buffer, silence, 16000, format="FLAC")
+    status, body = _error(
+        lambda: client.audio.transcriptions.create(
+            model="whisper-tiny.en", file=("s.flac", buffer.getvalue())
+        )
+    )
+    assert status == 400 and body["param"] == "file" and "25 s" in str(body["message"])
+    # a body over --max-audio-body-bytes (3M): 413 in OpenAI's error shape
+    big = spoken[0] + b"\0" * (3 * 1024 * 1024)
+    response = httpx.post(
+        f"{server.base_url}/v1/audio/transcriptions",  # type: ignore[attr-defined]
+        files={"file": ("big.wav", big)},
+        data={"model": "whisper-tiny.en"},
+        timeout=60,
+    )
+    assert response.status_code == 413 and "error" in response.json()
+    # above the 1M every non-generation route takes, under 3M: served (a float32 WAV)
+    every = np.concatenate([sf.read(io.BytesIO(w), dtype="float32")[0] for w in spoken])
+    buffer = io.BytesIO()
+    sf.write(buffer, every, 22050, format="WAV", subtype="FLOAT")
+    assert 1.1e6 < len(buffer.getvalue()) < 3e6
+    text = client.audio.transcriptions.create(
+        model="whisper-tiny.en", file=("all.wav", buffer.getvalue())
+    ).text
+    assert wer([" ".join(SENTENCES)], [text]) <= 0.25
