@@ -100,7 +100,7 @@ class Direct:
 
         samples = decode_audio(io.BytesIO(wav))  # type: ignore[arg-type]
         segments, _ = self.whisper.transcribe(samples, language="en", vad_filter=False)
-        return samples.size / 16_000, "".join(s.text for s in segments).strip()
+        return wav_seconds(wav), "".join(s.text for s in segments).strip()  # type: ignore[arg-type]
 
     def speech(self, _lane: int, text: object) -> tuple[float, str | None]:
         return wav_seconds(self.speak(str(text))), None
@@ -272,17 +272,19 @@ def main() -> None:
             print(
                 f"{row['task']} at concurrency 1: Argosy RTF {ratio:.2f}x direct ({verdict} the 10% target)"
             )
-    wer = {}
+    wer: dict[str, float] = {}
     for side in ("direct", "argosy"):
-        texts = [
-            str(text)
-            for key, side_runs in runs.items()
-            if key.startswith("transcription/") and key.endswith(f"/{side}")
-            for run in side_runs
-            for text in run["texts"]  # type: ignore[attr-defined]
+        done = [
+            run
+            for key, rs in runs.items()
+            if key.startswith("transcription/") and key.endswith(side)
+            for run in rs
         ]
-        wer[side] = word_error_rate(texts, list(SENTENCES) * (len(texts) // len(SENTENCES)))
-    print(f"WER vs the source sentences: Argosy {wer['argosy']:.1%}, direct {wer['direct']:.1%}")
+        if done:
+            texts = [str(text) for run in done for text in run["texts"]]  # type: ignore[attr-defined]
+            wer[side] = word_error_rate(texts, list(SENTENCES) * len(done))
+    if wer:
+        print(f"WER vs the source sentences: Argosy {wer['argosy']:.1%}, direct {wer['direct']:.1%}")
     if server is not None:
         print(
             f"server peak RSS {server.peak_rss_mib or 0:.0f} MiB; other processes used "

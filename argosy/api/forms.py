@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import pydantic
 from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 
@@ -26,6 +27,7 @@ from argosy.errors import InvalidRequestError
 
 FormT = TypeVar("FormT", bound="FormModel")
 MAX_FORM_FIELDS = 64
+MAX_FORM_FILES = 4
 
 
 class FormModel(BaseModel):
@@ -65,11 +67,14 @@ async def read_form(
             param=file_field,
         )
     try:
-        form = await request.form(max_files=1, max_fields=MAX_FORM_FIELDS)
+        # more file parts than the one allowed are read, so the error can name the field
+        form = await request.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS)
     except MultiPartException as exc:
         raise InvalidRequestError(
-            f"The multipart body could not be read: {exc.message}", param=file_field
+            f"The multipart body could not be read: {exc.message}", file_field
         ) from None
+    except HTTPException as exc:  # Starlette's wrapping of the same, inside an app
+        raise InvalidRequestError(f"The multipart body could not be read: {exc.detail}", file_field) from None
     lists = _list_fields(model)
     values: dict[str, Any] = {}
     upload: Upload | None = None
@@ -78,6 +83,8 @@ async def read_form(
         if isinstance(value, UploadFile):
             if name != file_field:
                 raise InvalidRequestError(f"'{name}' must be a text field, not a file.", param=name)
+            if upload is not None:
+                raise InvalidRequestError(f"'{file_field}' is given more than once.", param=file_field)
             upload = Upload(await value.read(), value.filename, value.content_type)
             await value.close()
             continue

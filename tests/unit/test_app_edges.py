@@ -329,3 +329,33 @@ def test_the_openapi_document_lists_every_route_with_its_body(client: TestClient
     assert params == {"response_id", "order", "limit", "after"}
     operations = [result.ok() for result in schemathesis.openapi.from_dict(document).get_all_operations()]
     assert len(operations) == len(documented)
+
+
+def test_audio_routes_without_an_audio_model_name_the_missing_kind(
+    client: TestClient, load: BlockedLoad
+) -> None:
+    wav = b"RIFF" + b"\0" * 64
+    response = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", wav)})
+    assert_openai_error(response, 400, "model")
+    assert response.json()["error"]["message"] == "This server serves no transcription model."
+    response = client.post(
+        "/v1/audio/translations", files={"file": ("a.wav", wav)}, data={"model": "smollm2"}
+    )
+    assert_openai_error(response, 400, "model", "wrong_model_kind")
+    response = client.post("/v1/audio/speech", json={"input": "Hello.", "voice": "alloy"})
+    assert response.json()["error"]["message"] == "This server serves no speech model."
+    # the cheap checks come first: no file, a file where text belongs, a bad field
+    assert_openai_error(client.post("/v1/audio/transcriptions", data={"model": "x"}), 400, "file")
+    response = client.post(
+        "/v1/audio/transcriptions", files={"file": ("a.wav", wav), "prompt": ("p.txt", b"x")}
+    )
+    assert_openai_error(response, 400, "prompt")
+    response = client.post(
+        "/v1/audio/transcriptions", files={"file": ("a.wav", wav)}, data={"temperature": "hot"}
+    )
+    assert_openai_error(response, 400, "temperature")
+    assert_openai_error(
+        client.post("/v1/audio/speech", json={"input": "Hi.", "voice": "joe", "speed": 0}), 400, "speed"
+    )
+    assert client.get("/v1/audio/models").json() == {"object": "list", "data": []}
+    assert load.calls == []
