@@ -85,16 +85,23 @@ SSE_EVENT: dict[str, Any] = {
 
 
 def takes(
-    body: type[BaseModel] | None, *, streams: bool | str = False, errors: str = "Error"
+    body: type[BaseModel] | None,
+    *,
+    streams: bool | str = False,
+    errors: str = "Error",
+    upload: str | None = None,
+    answers: str | None = None,
 ) -> Callable[[EndpointT], EndpointT]:
     """Mark an endpoint as reading a JSON body of type `body` (None: no body); `streams`: it
     answers with an SSE stream (or one of this media type) when the body asks for one;
-    `errors`: its error envelope (a key of ERROR_SCHEMAS)."""
+    `errors`: its error envelope (a key of ERROR_SCHEMAS); `upload`: the body is
+    multipart/form-data, `body`'s fields plus this required file part; `answers`: the media
+    type of its successful answer when that is not JSON (audio)."""
     if errors not in ERROR_SCHEMAS:
         raise ValueError(f"unknown error envelope {errors!r}")
 
     def mark(endpoint: EndpointT) -> EndpointT:
-        setattr(endpoint, _BODY, (body, streams, errors))
+        setattr(endpoint, _BODY, (body, streams, errors, upload, answers))
         return endpoint
 
     return mark
@@ -113,35 +120,51 @@ def openapi_document(app: FastAPI, routers: list[APIRouter]) -> dict[str, Any]:
     routes = [route for router in routers for route in router.routes if isinstance(route, APIRoute)]
     marked = [(route, getattr(route.endpoint, _BODY)) for route in routes if hasattr(route.endpoint, _BODY)]
     refs, definitions = models_json_schema(
-        [(body, "validation") for _, (body, _, _) in marked if body is not None],
+        [(body, "validation") for _, (body, *_) in marked if body is not None],
         ref_template=_SCHEMAS + "{model}",
     )
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     schemas.update(definitions.get("$defs", {}))
     schemas.update(ERROR_SCHEMAS)
     bodies = {
-        id(route): (refs[(body, "validation")] if body is not None else None, streams, errors)
-        for route, (body, streams, errors) in marked
+        id(route): (refs[(body, "validation")] if body is not None else None, *rest)
+        for route, (body, *rest) in marked
     }
     for route in routes:
         if not route.include_in_schema:
             continue
         for method in route.methods or ():
             operation = document["paths"][route.path_format][method.lower()]
-            schema, streams, errors = bodies.get(id(route), (None, False, "Error"))
-            if schema is not None:
+            schema, streams, errors, upload, answers = bodies.get(
+                id(route), (None, False, "Error", None, None)
+            )
+            if schema is not None and upload is not None:
+                form = {
+                    "allOf": [schema],
+                    "properties": {upload: {"type": "string", "format": "binary"}},
+                    "required": [upload],
+                }
+                operation["requestBody"] = {
+                    "required": True,
+                    "content": {"multipart/form-data": {"schema": form}},
+                }
+            elif schema is not None:
                 operation["requestBody"] = {
                     "required": True,
                     "content": {"application/json": {"schema": schema}},
                 }
-            _document_responses(operation, streams=streams, errors=errors)
+            _document_responses(operation, streams=streams, errors=errors, answers=answers)
     app.openapi_schema = document
     return document
 
 
-def _document_responses(operation: dict[str, Any], *, streams: bool | str, errors: str) -> None:
+def _document_responses(
+    operation: dict[str, Any], *, streams: bool | str, errors: str, answers: str | None = None
+) -> None:
     responses = operation.setdefault("responses", {})
     ok = responses.setdefault("200", {"description": "Successful Response"})
+    if answers is not None:
+        ok["content"] = {answers: {"schema": {"type": "string", "format": "binary"}}}
     content = ok.setdefault("content", {"application/json": {"schema": {}}})
     if streams is True or streams == SSE:
         content[SSE] = {"schema": SSE_EVENT}

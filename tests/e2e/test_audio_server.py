@@ -211,7 +211,9 @@ def test_pcm_is_24khz_16bit_and_streamed_wav_says_unknown_length(client: openai.
         model="tts", voice="joe", input="Good morning.", response_format="wav"
     ).content
     with wave.open(io.BytesIO(wav)) as reader:  # streamed: the header's length is "unknown"
-        assert reader.getframerate() == 22050 and reader.getsampwidth() == 2 and reader.getnframes() >= 2**31 - 1
+        assert (
+            reader.getframerate() == 22050 and reader.getsampwidth() == 2 and reader.getnframes() >= 2**31 - 1
+        )
     assert 0.3 < duration(wav) < 3.0
 
 

@@ -123,6 +123,6 @@ async def _sse_events(audio: AsyncIterator[bytes]) -> AsyncIterator[dict[str, An
 
 
 @router.post("/v1/audio/speech")
-@takes(SpeechRequest)
+@takes(SpeechRequest, streams=True, answers="audio/mpeg")
 async def create_speech(request: Request) -> Response:
     return await run_route(request, SpeechRoute(request.app.state.server_config.max_speech_chars))

@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from argosy.api.errors import openai_error_body
 from argosy.api.forms import FormModel, Upload, read_form
 from argosy.api.framing import SSEResponse, sse_frames
+from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
 from argosy.api.wire import degraded_headers
 from argosy.audio.codecs import decode_upload, duration_of
@@ -217,10 +218,12 @@ async def _stream_events(
 
 
 @router.post("/v1/audio/transcriptions")
+@takes(TranscriptionForm, upload="file", streams=True)
 async def create_transcription(request: Request) -> Response:
     return await run_route(request, TranscriptionRoute())
 
 
 @router.post("/v1/audio/translations")
+@takes(TranscriptionForm, upload="file")
 async def create_translation(request: Request) -> Response:
     return await run_route(request, TranslationRoute())
