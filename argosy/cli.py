@@ -76,6 +76,7 @@ _HELP = {
     "max_small_body_bytes": "largest body on routes that generate nothing (default 1M); suffixes as for --kv-cache-memory",
     "max_audio_body_bytes": "largest upload on the audio routes (default 100M); suffixes as for --kv-cache-memory",
     "max_audio_seconds": "longest audio one transcription request may hold (default 30m); suffixes as for --session-ttl",
+    "max_audio_jobs": "audio jobs (POST /v1/audio/generate) waiting or running at once; past it 503 (default 16)",
     "max_speech_chars": "most characters of text one speech request may hold (default 4096)",
     "events_log": "write every request's events as JSON lines to this file (rotated at --events-log-max-bytes)",
     "events_log_max_bytes": "rotate the events log past this size (default 64M)",
@@ -442,7 +443,9 @@ def serve(
 
     registry.on_load_failed = on_load_failed
 
-    app.router.lifespan_context = registry_lifespan(registry, preloaded, MAINTAIN_EVERY_S)
+    app.router.lifespan_context = registry_lifespan(
+        registry, preloaded, MAINTAIN_EVERY_S, also=[app.state.audio_jobs] if app.state.audio_jobs else []
+    )
     try:
         server.run()
     finally:

@@ -257,6 +257,7 @@ class ServerConfig:
     max_audio_body_bytes: int = 100 * 1024 * 1024  # transcription uploads: 413 past it
     max_audio_seconds: float = 1800.0  # audio one transcription request may hold; longer: a job
     max_speech_chars: int = 4096  # text one speech request may hold (OpenAI's limit); longer: a job
+    max_audio_jobs: int = 16  # audio jobs waiting or running; past it a new one gets 503
     events_log: str | None = None  # request events as JSON lines (rotated)
     events_log_max_bytes: int = 64 * 1024 * 1024
     events_ring_size: int = 1000  # the last N requests kept in memory (the console reads them)
@@ -315,6 +316,8 @@ class ServerConfig:
             raise InvalidRequestError("max_audio_seconds must be positive", "max_audio_seconds")
         if self.max_speech_chars < 1:
             raise InvalidRequestError("max_speech_chars must be at least 1", "max_speech_chars")
+        if self.max_audio_jobs < 1:
+            raise InvalidRequestError("max_audio_jobs must be at least 1", "max_audio_jobs")
         if self.events_ring_size < 0:
             raise InvalidRequestError("events_ring_size must be >= 0", "events_ring_size")
         for proxy in self.trusted_proxies:

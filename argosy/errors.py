@@ -52,6 +52,13 @@ class ModelNotFoundError(NotFoundError):
         self.served = served
 
 
+class ConflictError(ArgosyError):
+    """The thing asked for exists but is not in a state to give it (HTTP 409): an audio job's
+    result before the job finished."""
+
+    kind = "conflict"
+
+
 class OverloadedError(ArgosyError):
     """Admission refused: queue full (HTTP 503 with Retry-After)."""
 

@@ -31,6 +31,7 @@ from argosy.api.errors import (
 from argosy.api.gate import Gate, GateMiddleware
 from argosy.api.ollama import generate as ollama_generate
 from argosy.api.ollama import models as ollama_models
+from argosy.api.openai import audio_jobs as openai_audio_jobs
 from argosy.api.openai import chat as openai_chat
 from argosy.api.openai import completions as openai_completions
 from argosy.api.openai import embeddings as openai_embeddings
@@ -50,11 +51,14 @@ from argosy.api.transport import (
 from argosy.config import ServerConfig
 from argosy.core.drain import Drain
 from argosy.core.events import EventBus, JsonlSink, RingBuffer
+from argosy.core.jobs import JobQueue
 from argosy.core.metrics import ServerMetrics
 from argosy.core.pipeline import Pipeline
 from argosy.core.recording import SessionRecorder
 from argosy.core.registry import ModelRegistry
 from argosy.errors import ArgosyError, InvalidRequestError
+from argosy.sessions.jobs import JobStore
+from argosy.sessions.sqlite import SqliteSessionStore
 
 log = logging.getLogger("argosy.access")
 
@@ -169,13 +173,25 @@ LARGE_BODY_PATHS = frozenset(
     }
 )
 # the routes that take audio uploads: up to --max-audio-body-bytes
-AUDIO_BODY_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
+AUDIO_BODY_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations", "/v1/audio/generate"})
 # what a browser page may read of a response (CORS)
 EXPOSED_HEADERS = ["x-request-id", "x-argosy-degraded", "x-argosy-sampling", "retry-after"]
 
 # the routes that answer in Anthropic's error envelope; Ollama's: everything under /api/
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 OLLAMA_PREFIX = "/api/"
+
+
+def _audio_jobs(
+    registry: ModelRegistry, config: ServerConfig, sessions: SessionRecorder | None
+) -> JobQueue | None:
+    """The audio job queue, kept in the session store's file (None without one)."""
+    store = getattr(sessions, "store", None)
+    if not isinstance(store, SqliteSessionStore):
+        return None
+    return JobQueue(
+        JobStore(store), openai_audio_jobs.job_runners(registry), max_pending=config.max_audio_jobs
+    )
 
 
 def build_app(
@@ -195,6 +211,7 @@ def build_app(
     app.state.gate = gate = Gate.from_config(config)
     app.state.pipeline = pipeline or Pipeline(registry, policy=gate.policy)
     app.state.sessions = sessions
+    app.state.audio_jobs = _audio_jobs(registry, config, sessions)
     app.state.preloaded = preloaded if preloaded is not None else [registry.entries[0].spec.id]
     app.state.events = events if events is not None else EventBus()
     app.state.drain = Drain(config.shutdown_grace)  # SIGTERM / SIGINT: argosy/api/server.py
@@ -220,6 +237,7 @@ def build_app(
             openai_embeddings,
             openai_transcriptions,
             openai_speech,
+            openai_audio_jobs,
             tokenizer_routes,
             anthropic_messages,
             ollama_generate,

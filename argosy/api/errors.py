@@ -25,6 +25,7 @@ ERROR_TABLE: dict[str, tuple[int, str]] = {
     "permission_denied": (403, "permission_error"),
     "not_found": (404, "invalid_request_error"),
     "method_not_allowed": (405, "invalid_request_error"),
+    "conflict": (409, "invalid_request_error"),  # e.g. the result of an audio job not finished
     "payload_too_large": (413, "invalid_request_error"),
     "rate_limited": (429, "rate_limit_error"),
     "model_loading": (503, "server_error"),

@@ -438,22 +438,37 @@ async def maintain(registry: ModelRegistry, preloaded: list[str], every_s: float
             log.exception("registry maintenance failed")
 
 
+class Service(Protocol):
+    """Something of the server's with its own tasks (the audio job queue)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 def registry_lifespan(
-    registry: ModelRegistry, preloaded: list[str], maintain_every_s: float | None
+    registry: ModelRegistry,
+    preloaded: list[str],
+    maintain_every_s: float | None,
+    also: list[Service] | None = None,
 ) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
     """The server's lifespan: load the start-up models, keep the registry maintained
-    (`maintain_every_s` None: no maintenance task), stop both at shutdown."""
+    (`maintain_every_s` None: no maintenance task), start `also`; stop all at shutdown."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
         tasks = [asyncio.create_task(registry.preload())]
         if maintain_every_s is not None:
             tasks.append(asyncio.create_task(maintain(registry, preloaded, maintain_every_s)))
+        for service in also or ():
+            await service.start()
         try:
             yield
         finally:
             for task in tasks:
                 task.cancel()
+            for service in also or ():
+                await service.stop()
 
     return lifespan
 

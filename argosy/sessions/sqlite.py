@@ -18,6 +18,7 @@ recursively up the chain. Forks therefore never copy and deletion never rewrites
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -288,6 +289,16 @@ class SqliteSessionStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    # ---- tables kept beside the sessions (argosy/sessions/jobs.py) -------------------------
+
+    def reader(self) -> sqlite3.Connection:
+        """This thread's connection, for reads of a table kept in this file."""
+        return self._connection()
+
+    def transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """One write transaction on this file (the store's writers queue with it)."""
+        return self._write()
 
     # ---- internals ---------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 `sessions` holds one row per session, hidden ones included (`deleted_at` set: deleted, but
 kept while forks refer to its events). `events` holds each session's own events only; a
-fork reaches its inherited events through `parent_id` / `parent_at`.
+fork reaches its inherited events through `parent_id` / `parent_at`. `jobs` holds the audio
+jobs (argosy/sessions/jobs.py): their request, input and result, so a restart loses none.
 
 To change the schema: bump SCHEMA_VERSION, change _CREATE for new files, and add the step
 from the old version to _MIGRATIONS (statements run in one transaction with the version bump).
@@ -14,7 +15,26 @@ import sqlite3
 
 from argosy.errors import ArgosyError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+_JOBS = (
+    """CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        task TEXT NOT NULL,
+        model TEXT NOT NULL,
+        status TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        started_at REAL,
+        finished_at REAL,
+        request TEXT NOT NULL,
+        input BLOB NOT NULL,
+        result BLOB,
+        result_type TEXT,
+        error TEXT,
+        attempts INTEGER NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX jobs_by_status ON jobs(status, created_at)",
+)
 
 _CREATE = (
     "CREATE TABLE schema_version (version INTEGER NOT NULL)",
@@ -41,10 +61,11 @@ _CREATE = (
         payload TEXT NOT NULL,
         PRIMARY KEY (session_id, seq)
     ) WITHOUT ROWID""",
+    *_JOBS,
 )
 
 # version n -> the statements that take a version-n database to n + 1
-_MIGRATIONS: dict[int, tuple[str, ...]] = {}
+_MIGRATIONS: dict[int, tuple[str, ...]] = {1: _JOBS}
 
 
 def ensure_schema(conn: sqlite3.Connection) -> None:

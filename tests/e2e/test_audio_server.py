@@ -345,3 +345,98 @@ def test_audio_caps(client: openai.OpenAI, spoken: list[bytes], server: object) 
         model="whisper-tiny.en", file=("all.wav", buffer.getvalue())
     ).text
     assert wer([" ".join(SENTENCES)], [text]) <= 0.25
+
+
+# -- audio jobs -------------------------------------------------------------------------------
+def wait_job(base_url: str, job_id: str, timeout_s: float = 300) -> dict[str, object]:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = httpx.get(f"{base_url}/v1/audio/jobs/{job_id}", timeout=30).json()
+        if job["status"] in ("completed", "failed", "cancelled") or time.monotonic() > deadline:
+            return job  # type: ignore[no-any-return]
+        time.sleep(0.3)
+
+
+def test_jobs_speak_a_document_and_transcribe_a_file(server: object, spoken: list[bytes]) -> None:
+    base = server.base_url  # type: ignore[attr-defined]
+    document = " ".join(SENTENCES * 15)  # ~4,300 characters: past the 4096 of /v1/audio/speech
+    assert len(document) > 4096
+    body = {"task": "speech", "model": "tts", "voice": "joe", "input": document, "response_format": "opus"}
+    created = httpx.post(f"{base}/v1/audio/generate", json=body, timeout=30)
+    assert created.status_code == 202, created.text
+    job = created.json()
+    assert (
+        job["status"] in ("queued", "in_progress")
+        and created.headers["location"] == f"/v1/audio/jobs/{job['id']}"
+    )
+    early = httpx.get(f"{base}/v1/audio/jobs/{job['id']}/result", timeout=30)
+    assert early.status_code == 409 and early.json()["error"]["code"] == "job_not_finished"
+    finished = wait_job(base, job["id"])
+    assert finished["status"] == "completed" and finished["error"] is None, finished
+    result = httpx.get(f"{base}/v1/audio/jobs/{job['id']}/result", timeout=60)
+    assert result.headers["content-type"] == "audio/ogg" and duration(result.content) > 150
+    # a transcription job: multipart, as /v1/audio/transcriptions, its result in the format asked
+    files = {"file": ("all.wav", spoken[3])}
+    created = httpx.post(
+        f"{base}/v1/audio/generate",
+        files=files,
+        data={"task": "transcription", "model": "whisper-tiny.en", "response_format": "srt"},
+        timeout=30,
+    )
+    assert created.status_code == 202, created.text
+    finished = wait_job(base, created.json()["id"])
+    assert finished["status"] == "completed", finished
+    srt = httpx.get(f"{base}/v1/audio/jobs/{finished['id']}/result", timeout=30)
+    assert (
+        srt.text.startswith("1\n00:00:00,000 --> ")
+        and wer([SENTENCES[3]], [srt.text.split("\n", 2)[2]]) <= 0.2
+    )
+    deleted = httpx.delete(f"{base}/v1/audio/jobs/{finished['id']}", timeout=30).json()
+    assert deleted == {"id": finished["id"], "object": "audio.job.deleted", "deleted": True}
+    assert httpx.get(f"{base}/v1/audio/jobs/{finished['id']}", timeout=30).status_code == 404
+
+
+def test_job_refusals(server: object) -> None:
+    base = server.base_url  # type: ignore[attr-defined]
+    music = httpx.post(f"{base}/v1/audio/generate", json={"prompt": "a calm piano piece"}, timeout=30)
+    assert music.status_code == 400 and music.json()["error"]["code"] == "model_kind_missing"
+    assert "'music'" in music.json()["error"]["message"]
+    wrong = httpx.post(
+        f"{base}/v1/audio/generate",
+        json={"task": "speech", "model": "whisper-tiny.en", "voice": "joe", "input": "Hi."},
+    )
+    assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "wrong_model_kind"
+    empty = httpx.post(f"{base}/v1/audio/generate", json={"task": "speech", "voice": "joe", "input": ""})
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "input"
+    bad_voice = httpx.post(
+        f"{base}/v1/audio/generate", json={"task": "speech", "voice": "nobody", "input": "Hi."}
+    ).json()
+    failed = wait_job(base, bad_voice["id"])
+    assert failed["status"] == "failed" and "no voice 'nobody'" in failed["error"]["message"]  # type: ignore[index]
+    result = httpx.get(f"{base}/v1/audio/jobs/{bad_voice['id']}/result")
+    assert result.status_code == 409 and result.json()["error"]["code"] == "job_failed"
+    assert httpx.get(f"{base}/v1/audio/jobs/audiojob_nope").status_code == 404
+
+
+def test_jobs_survive_a_crash_and_restart(server: object) -> None:
+    """A finished result and a job cut off mid-run (SIGKILL) are both there after a restart:
+    the first as it was, the second run again to completion."""
+    base = server.base_url  # type: ignore[attr-defined]
+    short = {"task": "speech", "voice": "joe", "input": SENTENCES[0], "response_format": "wav"}
+    done_id = httpx.post(f"{base}/v1/audio/generate", json=short).json()["id"]
+    assert wait_job(base, done_id)["status"] == "completed"
+    before = httpx.get(f"{base}/v1/audio/jobs/{done_id}/result").content
+    long = {"task": "speech", "voice": "joe", "input": " ".join(SENTENCES * 15), "response_format": "mp3"}
+    cut_id = httpx.post(f"{base}/v1/audio/generate", json=long).json()["id"]
+    import time
+
+    while httpx.get(f"{base}/v1/audio/jobs/{cut_id}").json()["status"] != "in_progress":
+        time.sleep(0.1)
+    server.kill()  # type: ignore[attr-defined]
+    server.start()  # type: ignore[attr-defined]  # same port, same data directory
+    assert httpx.get(f"{base}/v1/audio/jobs/{done_id}/result").content == before
+    rerun = wait_job(base, cut_id)
+    assert rerun["status"] == "completed" and rerun["attempts"] == 2, rerun
+    assert duration(httpx.get(f"{base}/v1/audio/jobs/{cut_id}/result", timeout=60).content) > 150

@@ -21,6 +21,7 @@ own 30 s windows), and any field this route does not know.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -28,7 +29,7 @@ from typing import Any, Literal
 from fastapi import APIRouter
 from pydantic import Field
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import Response
 
 from argosy.api.errors import openai_error_body
 from argosy.api.forms import FormModel, Upload, read_form
@@ -125,7 +126,8 @@ class TranscriptionRoute(ModelRoute[TranscriptionForm]):
             frames = sse_frames(_stream_events(service, samples, options), openai_error_body, done=False)
             return call.release_with(SSEResponse(frames, headers=headers))
         transcript = await service.transcript(samples, options)
-        return _rendered(transcript, body, self.task, headers)
+        content, media_type = rendered(transcript, body, self.task)
+        return Response(content, media_type=media_type, headers=headers)
 
 
 class TranslationRoute(TranscriptionRoute):
@@ -161,19 +163,18 @@ def language_name(code: str) -> str:
     return str(LANGUAGES.get(code, code))
 
 
-def _rendered(
-    transcript: Transcript, body: TranscriptionForm, task: str, headers: dict[str, str]
-) -> Response:
+def rendered(transcript: Transcript, body: TranscriptionForm, task: str) -> tuple[bytes, str]:
+    """The transcript in the body's response_format: (bytes, media type)."""
     fmt = body.response_format
     if fmt == "text":
-        return PlainTextResponse(transcript.text + "\n", headers=headers)
+        return (transcript.text + "\n").encode(), "text/plain; charset=utf-8"
     if fmt == "srt":
-        return PlainTextResponse(srt(transcript.segments), headers=headers)
+        return srt(transcript.segments).encode(), "text/plain; charset=utf-8"
     if fmt == "vtt":
-        return PlainTextResponse(vtt(transcript.segments), media_type="text/vtt", headers=headers)
+        return vtt(transcript.segments).encode(), "text/vtt; charset=utf-8"
     usage = _usage(transcript.duration)
     if fmt == "json":
-        return JSONResponse({"text": transcript.text, "usage": usage}, headers=headers)
+        return _json_bytes({"text": transcript.text, "usage": usage}), "application/json"
     payload: dict[str, Any] = {
         "task": "translate" if task == "translate" else "transcribe",
         "language": "english" if task == "translate" else language_name(transcript.language),
@@ -190,7 +191,11 @@ def _rendered(
             for w in s.words
         ]
     payload["usage"] = usage
-    return JSONResponse(payload, headers=headers)
+    return _json_bytes(payload), "application/json"
+
+
+def _json_bytes(payload: Any) -> bytes:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 async def _stream_events(
