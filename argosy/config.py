@@ -190,6 +190,9 @@ class ModelSpec:
     pinned: bool = False  # loaded at start-up and never unloaded to make room
     sampling: OperatorSampling | None = None  # this model's operator sampling defaults
     chat_template: str | None = None  # a Jinja chat template overriding the model's (or the built-in one)
+    # a smaller chat model of the same tokenizer that serves this one's fill-in-the-middle
+    # requests (`suffix`); routed there with QoS inline
+    satellite: str | None = None
 
     def __post_init__(self) -> None:
         if not self.id.strip():

@@ -146,6 +146,16 @@ class ModelRegistry:
                 if name in self._by_name:
                     raise InvalidRequestError(f"two configured models are named {name!r}", "model")
                 self._by_name[name] = entry
+        for entry in self.entries:
+            satellite = entry.spec.satellite
+            if satellite is None:
+                continue
+            target = self._by_name.get(satellite)
+            if target is None or target.spec.kind != "chat" or target is entry:
+                raise InvalidRequestError(
+                    f"model {entry.spec.id!r}: its satellite {satellite!r} must be another configured chat model",
+                    "model",
+                )
         self._load_fn = load_fn
         self.max_loaded_models = max_loaded_models
         self.max_loaded_memory = max_loaded_memory
@@ -157,6 +167,12 @@ class ModelRegistry:
         self.on_load_failed: Callable[[ModelEntry], None] | None = None
 
     # -- names -----------------------------------------------------------------------------
+    def fim_model(self, name: str | None) -> str | None:
+        """The model that serves `name`'s fill-in-the-middle requests: its satellite, if the
+        models file names one, else itself."""
+        entry = self.resolve(name, "chat")
+        return entry.spec.satellite or name
+
     def resolve(self, name: str | None, kind: str | None = None) -> ModelEntry:
         """The entry a request's `model` names (None: the first model of `kind`); no load."""
         if name is None:

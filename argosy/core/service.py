@@ -28,6 +28,7 @@ from typing import Any
 
 from argosy import __version__
 from argosy.chat.builtin_templates import builtin_template
+from argosy.chat.fim import fim_dialect
 from argosy.chat.profile import ChatProfile
 from argosy.chat.template import ChatTemplate
 from argosy.config import ModelSpec, OperatorSampling, ServerConfig
@@ -82,6 +83,7 @@ class ModelInfo:
     chat_template_source: str | None = None  # model | models file | built-in (<family>) | None
     tensor_formats: dict[str, str] | None = None  # a GGUF's types per weight role
     error: str | None = None  # failed: why it did not load
+    has_fim: bool = False  # fill-in-the-middle tokens (`suffix` is served)
     tasks: tuple[str, ...] | None = None  # audio models: transcribe / translate / speech
     languages: tuple[str, ...] | None = None  # transcription models: the languages it knows
     voices: tuple[str, ...] | None = None  # speech models: the voices it speaks
@@ -174,6 +176,7 @@ class ModelService:
         if self._template is not None:
             self._chat_profile = ChatProfile(self._template, description.tokenizer)
         self._token_texts = TokenTexts(description.tokenizer)
+        self.fim = fim_dialect(description.tokenizer)  # None: no fill-in-the-middle tokens
         self.system_fingerprint = system_fingerprint(model_id, description)
         self._ids = itertools.count()
         self.admission = AdmissionQueue(self.options.max_queued_requests)
@@ -231,6 +234,7 @@ class ModelService:
             memory_bytes=description.memory_bytes,
             tensor_formats=description.tensor_formats,
             chat_template_source=self.template_source if self._template is not None else None,
+            has_fim=self.fim is not None,
         )
 
     def engine_stats(self) -> tuple[EngineStats, int]:
@@ -279,6 +283,21 @@ class ModelService:
                 param="messages",
             )
         return self._chat_profile
+
+    def encode_fim(self, prefix: str, suffix: str) -> tuple[list[int], list[int]]:
+        """A fill-in-the-middle prompt in the model's own FIM tokens (argosy/chat/fim.py), and
+        the FIM end markers to stop at; a 400 naming `suffix` where the model has none."""
+        if self.fim is None:
+            raise InvalidRequestError(
+                f"Model '{self.model_id}' has no fill-in-the-middle tokens, so 'suffix' cannot be served "
+                "(a code model with FIM tokens, or a satellite model configured for it, can).",
+                param="suffix",
+                code="fim_unsupported",
+            )
+        description = self.description
+        bos = description.bos_token_id if description.add_bos_token else None
+        ids = self.fim.prompt_ids(prefix, suffix, bos)
+        return ids, list(self.fim.stop_ids)
 
     def encode_rendered(self, text: str) -> list[int]:
         """Token ids of template-rendered text (no special tokens added: it writes its own)."""

@@ -15,8 +15,10 @@ line: `done_reason`, `total_duration`, `load_duration`, `prompt_eval_count`,
 
 An empty `messages` / `prompt` only loads the model (`done_reason: "load"`), or with
 `keep_alive: 0` unloads it (`"unload"`; the registry unloads it once its requests are done).
-Refused with a 400 naming the field: `images` (the served models read text only), `suffix`
-(no served model has fill-in-the-middle tokens), `width` / `height` / `steps` (no image model
+`suffix` asks for fill-in-the-middle in the model's own FIM tokens (argosy/chat/fim.py): a
+400 naming it on a model without them; `system`, `think` and `format` do not apply to it and
+are named degraded. Refused with a 400 naming the field: `images` (the served models read
+text only), `width` / `height` / `steps` (no image model
 is configured), `think` on a model that does not reason. What is learned only while
 streaming (a request timeout) is listed in the last line's `x_argosy_degraded`.
 """
@@ -62,10 +64,12 @@ from argosy.chat.events import (
     ToolCallStart,
 )
 from argosy.chat.messages import ChatInput, Message
+from argosy.core.admission import QOS_HEADER
 from argosy.core.chat_request import PreparedChat, prepare_chat
 from argosy.core.constraints import check_chat_options
 from argosy.core.conversation import message_events
 from argosy.core.recording import SessionSpec
+from argosy.core.registry import ModelRegistry
 from argosy.core.service import ModelService
 from argosy.core.stream import CollectedChoice, CoreRequest, CoreStream, collect
 from argosy.errors import InvalidRequestError
@@ -142,10 +146,11 @@ class GenerateRequest(GenerationFields):
                     f"Invalid '{name}': image generation needs an image model, and this server has none configured.",
                     name,
                 )
-        if self.suffix:
+        if self.suffix and self.template is not None:
             raise InvalidRequestError(
-                f"Invalid 'suffix': model \"{self.model}\" does not support insert (it has no fill-in-the-middle tokens).",
-                "suffix",
+                "Invalid 'template': a fill-in-the-middle prompt ('suffix') is written in the model's own "
+                "FIM tokens, not through a template.",
+                "template",
             )
         if self.context is not None and any(t < 0 for t in self.context):
             raise InvalidRequestError("Invalid 'context': token ids are non-negative integers.", "context")
@@ -199,6 +204,15 @@ async def chat_to_core(body: ChatRequest, service: ModelService) -> tuple[CoreRe
 async def generate_to_core(body: GenerateRequest, service: ModelService) -> tuple[CoreRequest, list[str]]:
     context = list(body.context or [])
     request_sampling = sampling(body.options, logprobs=body.num_logprobs)
+    if body.suffix:  # fill in the middle (Ollama's "insert"): the model's own FIM tokens
+        ids, stops = service.encode_fim(body.prompt, body.suffix)
+        request_sampling.stop_token_ids = [*(request_sampling.stop_token_ids or []), *stops]
+        degraded = [name for name in ("system", "think") if getattr(body, name) is not None]
+        if body.output_format() is not None:
+            degraded.append("format")
+        return CoreRequest(
+            prompts=[context + ids], sampling=request_sampling, prompt_param="prompt"
+        ), degraded
     if body.uses_chat_template:
         prepared, degraded = await _prepared(body, body.chat_input(), service)
         prepared.prompt_ids = context + prepared.prompt_ids
@@ -385,6 +399,19 @@ class GenerateRoute(OllamaRoute[GenerateRequest]):
     route = "POST /api/generate"
     body_type = GenerateRequest
 
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+
+    def model_name(self, body: GenerateRequest) -> str | None:
+        name = super().model_name(body)
+        # fill in the middle goes to the model's satellite where the models file names one
+        return self.registry.fim_model(name) if body.suffix else name
+
+    def qos(self, body: GenerateRequest, request: Request) -> str:
+        if body.suffix and getattr(body, "priority", None) is None and QOS_HEADER not in request.headers:
+            return "inline"
+        return super().qos(body, request)
+
     async def serve(self, body: GenerateRequest, service: ModelService, call: RouteCall) -> Response:
         return await _serve(body, service, call)
 
@@ -398,4 +425,4 @@ async def chat(request: Request) -> Response:
 @router.post("/api/generate")
 @takes(GenerateRequest, streams=NDJSON, errors="OllamaError")
 async def generate(request: Request) -> Response:
-    return await run_route(request, GenerateRoute())
+    return await run_route(request, GenerateRoute(request.app.state.registry))

@@ -31,7 +31,9 @@ from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
 from argosy.api.wire import finite_logprob, respond
 from argosy.chat.events import Finish, PromptEcho, TextDelta, TokenLogprobs
+from argosy.core.admission import QOS_HEADER
 from argosy.core.recording import SessionSpec
+from argosy.core.registry import ModelRegistry
 from argosy.core.service import ModelService
 from argosy.core.stream import CoreRequest, CoreStream, collect
 from argosy.errors import InvalidRequestError
@@ -75,11 +77,21 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = Field(None, ge=1)
 
+    @property
+    def is_fim(self) -> bool:
+        return self.suffix is not None
+
     def check(self) -> None:
         """Refusals that need no model."""
-        if self.suffix:
+        if self.is_fim and not all(isinstance(p, str) for p in self.prompt):
             raise InvalidRequestError(
-                "suffix is not supported: this model has no fill-in-the-middle dialect.", param="suffix"
+                "With 'suffix' (fill-in-the-middle) the prompt is the text before the gap, not token ids.",
+                param="suffix",
+            )
+        if self.is_fim and self.echo:
+            raise InvalidRequestError(
+                "'echo' cannot be combined with 'suffix': a fill-in-the-middle prompt is not the text sent.",
+                param="echo",
             )
         if self.best_of is not None and self.best_of < self.n:
             raise InvalidRequestError(
@@ -92,8 +104,14 @@ class CompletionRequest(SamplingFields):
 
 
 def to_core(body: CompletionRequest, service: ModelService) -> CoreRequest:
-    prompts = [service.encode_text(p) if isinstance(p, str) else p for p in body.prompt]
+    stops: list[int] = []
+    if body.suffix is not None:  # fill in the middle: each prompt is the text before the gap
+        fim = [service.encode_fim(str(p), body.suffix) for p in body.prompt]
+        prompts, stops = [ids for ids, _ in fim], fim[0][1]
+    else:
+        prompts = [service.encode_text(p) if isinstance(p, str) else p for p in body.prompt]
     sampling = body.request_sampling(max_tokens=body.max_tokens, logprobs=body.logprobs)
+    sampling.stop_token_ids = [*(sampling.stop_token_ids or []), *stops]
     if body.echo and body.logprobs is not None:
         sampling.prompt_logprobs = body.logprobs
     return CoreRequest(
@@ -223,6 +241,18 @@ class CompletionsRoute(ModelRoute[CompletionRequest]):
     route = "POST /v1/completions"
     body_type = CompletionRequest
 
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+
+    def model_name(self, body: CompletionRequest) -> str | None:
+        # fill in the middle goes to the model's satellite where the models file names one
+        return self.registry.fim_model(body.model) if body.is_fim else body.model
+
+    def qos(self, body: CompletionRequest, request: Request) -> str:
+        if body.is_fim and body.priority is None and QOS_HEADER not in request.headers:
+            return "inline"  # an editor's completion: a person is waiting on every keystroke
+        return super().qos(body, request)
+
     async def serve(self, body: CompletionRequest, service: ModelService, call: RouteCall) -> Response:
         model_id = call.model_id
         core_request = to_core(body, service)
@@ -245,7 +275,7 @@ class CompletionsRoute(ModelRoute[CompletionRequest]):
 @router.post("/v1/completions")
 @takes(CompletionRequest, streams=True)
 async def completions(request: Request) -> Response:
-    return await run_route(request, CompletionsRoute())
+    return await run_route(request, CompletionsRoute(request.app.state.registry))
 
 
 def _session_spec(body: CompletionRequest, model_id: str, request_id: str) -> SessionSpec:

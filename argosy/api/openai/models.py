@@ -54,7 +54,7 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "chat_template_source": info.chat_template_source,
             "thinking": info.has_thinking,
             "tools": info.has_tools,
-            "fill_in_the_middle": False,
+            "fill_in_the_middle": info.has_fim,
             "quantization": info.quantization,
             "sampling_defaults": info.sampling_defaults,
             "speculative_decoding": info.speculative,

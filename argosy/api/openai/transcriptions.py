@@ -110,9 +110,6 @@ class TranscriptionRoute(ModelRoute[TranscriptionForm]):
             raise InvalidRequestError("Missing required parameter: 'file' (the audio file).", param="file")
         body.check(self.task)
 
-    def qos(self, body: TranscriptionForm, request: Request) -> str:
-        return "batch"
-
     async def serve(
         self, body: TranscriptionForm, service: TranscriptionService, call: RouteCall
     ) -> Response:
