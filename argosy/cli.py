@@ -275,13 +275,17 @@ def parse_model_arg(text: str) -> ModelSpec:
 
 def model_kind(source: str) -> str:
     """embedding for a registered embedding name or a sentence-transformers folder; transcription
-    or speech for an audio model (argosy/audio/sources.py); else chat."""
+    or speech for an audio model (argosy/audio/sources.py); image for a diffusers pipeline
+    folder; else chat."""
     from argosy.audio.sources import audio_kind
+    from argosy.images.service import is_diffusers_folder
     from argosy.models.embedding_source import EMBEDDING_REGISTRY
 
     kind = audio_kind(source)
     if kind is not None:
         return kind
+    if is_diffusers_folder(source):
+        return "image"
 
     if source in EMBEDDING_REGISTRY:
         return "embedding"

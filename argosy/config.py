@@ -171,7 +171,7 @@ def _in(value: float | None, low: float, high: float) -> bool:
     return value is None or low <= value <= high
 
 
-MODEL_KINDS = ("chat", "embedding", "transcription", "speech")
+MODEL_KINDS = ("chat", "embedding", "transcription", "speech", "image")
 
 
 @dataclass(slots=True)
@@ -181,7 +181,7 @@ class ModelSpec:
 
     id: str  # what clients name
     source: str  # a registered name (smollm2, minilm), a .gguf file or a model folder
-    kind: str = "chat"  # chat | embedding | transcription | speech
+    kind: str = "chat"  # chat | embedding | transcription | speech | image
     aliases: tuple[str, ...] = ()
     quantization: str | None = None
     compile: str | None = None

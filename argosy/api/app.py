@@ -35,6 +35,7 @@ from argosy.api.openai import audio_jobs as openai_audio_jobs
 from argosy.api.openai import chat as openai_chat
 from argosy.api.openai import completions as openai_completions
 from argosy.api.openai import embeddings as openai_embeddings
+from argosy.api.openai import images as openai_images
 from argosy.api.openai import models as openai_models
 from argosy.api.openai import speech as openai_speech
 from argosy.api.openai import transcriptions as openai_transcriptions
@@ -173,7 +174,13 @@ LARGE_BODY_PATHS = frozenset(
     }
 )
 # the routes that take audio uploads: up to --max-audio-body-bytes
-AUDIO_BODY_PATHS = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations", "/v1/audio/generate"})
+# (and /v1/images/edits: refused unread, so an image upload gets its 400, not a 413)
+AUDIO_BODY_PATHS = frozenset(
+    {"/v1/audio/transcriptions", "/v1/audio/translations", "/v1/audio/generate", "/v1/images/edits"}
+)
+# image prompts are short text: a body past this is not a prompt
+IMAGE_BODY_PATHS = frozenset({"/v1/images/generations"})
+MAX_IMAGE_BODY_BYTES = 64 * 1024
 # what a browser page may read of a response (CORS)
 EXPOSED_HEADERS = ["x-request-id", "x-argosy-degraded", "x-argosy-sampling", "retry-after"]
 
@@ -238,6 +245,7 @@ def build_app(
             openai_transcriptions,
             openai_speech,
             openai_audio_jobs,
+            openai_images,
             tokenizer_routes,
             anthropic_messages,
             ollama_generate,
@@ -258,6 +266,8 @@ def build_app(
         path = scope["path"]
         if path in AUDIO_BODY_PATHS:
             return config.max_audio_body_bytes
+        if path in IMAGE_BODY_PATHS:
+            return min(MAX_IMAGE_BODY_BYTES, config.max_small_body_bytes)
         return config.max_body_bytes if path in LARGE_BODY_PATHS else config.max_small_body_bytes
 
     app.add_middleware(BodyLimitMiddleware, limit_for=body_limit, render=error_response)

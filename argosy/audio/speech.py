@@ -25,8 +25,8 @@ import numpy as np
 
 from argosy.audio.sources import AudioSource, require_audio_library
 from argosy.audio.transcription import _file_bytes
-from argosy.audio.worker import AudioWorker
 from argosy.core.service import ModelInfo
+from argosy.core.worker import ModelWorker
 from argosy.engine.arrivals import Arrival
 from argosy.errors import InvalidRequestError, ModelLoadError
 
@@ -62,7 +62,7 @@ class SpeechService:
         self.backend: _Voice = (
             _EspeakVoice(self.path) if source.backend == "espeak" else _PiperVoice(self.path)
         )
-        self.worker = AudioWorker(model_id)
+        self.worker = ModelWorker(model_id)
         self._alive = True
 
     @property

@@ -21,8 +21,8 @@ import numpy as np
 
 from argosy.audio.codecs import duration_of
 from argosy.audio.sources import AudioSource, require_audio_library
-from argosy.audio.worker import AudioWorker
 from argosy.core.service import ModelInfo
+from argosy.core.worker import ModelWorker
 from argosy.engine.arrivals import Arrival
 from argosy.errors import InvalidRequestError
 
@@ -86,7 +86,7 @@ class TranscriptionService:
         self.model = WhisperModel(
             str(self.path), device="cpu", compute_type="int8", cpu_threads=threads, num_workers=1
         )
-        self.worker = AudioWorker(model_id)
+        self.worker = ModelWorker(model_id)
         self.is_multilingual = bool(self.model.model.is_multilingual)
         self.languages: tuple[str, ...] = tuple(self.model.supported_languages)
         self._alive = True

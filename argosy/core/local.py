@@ -2,7 +2,8 @@
 
 A chat model becomes an AsyncEngine (built on its own engine thread) behind a ModelService;
 an embedding model an AsyncEmbeddingEngine behind an EmbeddingService; an audio model (kind
-transcription or speech) a TranscriptionService or SpeechService (argosy/audio/). Runs on a worker
+transcription or speech) a TranscriptionService or SpeechService (argosy/audio/); an image
+model a diffusers pipeline behind an ImageService (argosy/images/). Runs on a worker
 thread (the registry's), never on the event loop.
 """
 
@@ -30,6 +31,10 @@ class LocalModelLoader:
         config = spec.engine_config(self.engine_config)
         if spec.kind in ("transcription", "speech"):
             return _audio_model(spec, config.num_threads)
+        if spec.kind == "image":
+            from argosy.images.service import ImageService
+
+            return ImageService(spec.id, spec.source)
         if spec.kind == "embedding":
             from argosy.engine.embedding_engine import AsyncEmbeddingEngine, EmbeddingEngine
 

@@ -273,6 +273,8 @@ def test_the_openapi_document_lists_every_route_with_its_body(client: TestClient
         ("/v1/audio/models", "get"),
         ("/v1/audio/models/{model_id}", "get"),
         ("/v1/audio/generate", "post"),
+        ("/v1/images/generations", "post"),
+        ("/v1/images/edits", "post"),
         ("/v1/audio/jobs/{job_id}", "get"),
         ("/v1/audio/jobs/{job_id}", "delete"),
         ("/v1/audio/jobs/{job_id}/result", "get"),
@@ -340,7 +342,7 @@ def test_the_openapi_document_lists_every_route_with_its_body(client: TestClient
     assert len(operations) == len(documented)
 
 
-def test_audio_routes_without_an_audio_model_name_the_missing_kind(
+def test_audio_and_image_routes_without_such_a_model_name_the_missing_kind(
     client: TestClient, load: BlockedLoad
 ) -> None:
     wav = b"RIFF" + b"\0" * 64
@@ -367,4 +369,8 @@ def test_audio_routes_without_an_audio_model_name_the_missing_kind(
         client.post("/v1/audio/speech", json={"input": "Hi.", "voice": "joe", "speed": 0}), 400, "speed"
     )
     assert client.get("/v1/audio/models").json() == {"object": "list", "data": []}
+    response = client.post("/v1/images/generations", json={"prompt": "a cat"})
+    assert response.json()["error"]["message"] == "This server serves no image model."
+    response = client.post("/v1/images/generations", json={"prompt": "a cat", "size": "9x9"})
+    assert_openai_error(response, 400, "size")
     assert load.calls == []

@@ -14,7 +14,7 @@ import pytest
 
 from argosy.audio import subtitles
 from argosy.audio.sources import AUDIO_REGISTRY, audio_kind, audio_source, require_audio_library
-from argosy.audio.worker import AudioWorker
+from argosy.core.worker import ModelWorker
 from argosy.errors import InvalidRequestError, ModelLoadError, OverloadedError
 
 av = pytest.importorskip("av")
@@ -126,7 +126,7 @@ def test_srt_and_vtt() -> None:
 
 # -- the worker queue -------------------------------------------------------------------------
 def test_worker_runs_one_at_a_time_in_order_and_bounds_its_queue() -> None:
-    worker = AudioWorker("m", max_waiting=2)
+    worker = ModelWorker("m", max_waiting=2)
     order: list[str] = []
     running = threading.Semaphore(1)
 
@@ -144,7 +144,7 @@ def test_worker_runs_one_at_a_time_in_order_and_bounds_its_queue() -> None:
         third = asyncio.ensure_future(worker.call(lambda: job("c")))
         await asyncio.sleep(0)
         assert worker.waiting == 2
-        with pytest.raises(OverloadedError, match="2 audio requests waiting"):
+        with pytest.raises(OverloadedError, match="2 requests waiting"):
             await worker.call(lambda: job("d"))
         assert await asyncio.gather(first, second, third) == ["a", "b", "c"]
 
@@ -154,7 +154,7 @@ def test_worker_runs_one_at_a_time_in_order_and_bounds_its_queue() -> None:
 
 
 def test_worker_streams_items_and_stops_when_the_consumer_leaves() -> None:
-    worker = AudioWorker("m")
+    worker = ModelWorker("m")
     produced: list[int] = []
 
     def make() -> object:

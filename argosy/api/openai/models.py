@@ -48,6 +48,12 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "description": info.description,
             "quantization": info.quantization,
         }
+    elif info.kind == "image":
+        capabilities |= {
+            "modalities": ["text", "image"],
+            "tasks": ["generate"],
+            "description": info.description,
+        }
     else:
         capabilities |= {
             "chat_template": info.has_chat_template,

@@ -1,9 +1,9 @@
-"""One worker thread per audio model: requests queue for it in arrival order, and a blocking
-generator (segments recognised, sentences synthesised) is handed to the event loop item by
-item as the library produces them.
+"""One worker thread per model that a library runs (audio, images): requests queue for it in
+arrival order, and a blocking generator (segments recognised, sentences synthesised, images
+denoised) is handed to the event loop item by item as the library produces them.
 
-On two cores one recognition at a time is the fastest order (CTranslate2 and onnxruntime use
-every core for one request); concurrent requests wait, counted in `waiting`, and past
+On two cores one request at a time is the fastest order (CTranslate2, onnxruntime and torch
+use every core for one request); concurrent requests wait, counted in `waiting`, and past
 `max_waiting` a new one is refused (503 + Retry-After) instead of queueing without bound. A
 consumer that stops early (a client gone) stops the generator at its next item.
 """
@@ -22,14 +22,14 @@ T = TypeVar("T")
 _DONE = object()
 
 
-class AudioWorker:
+class ModelWorker:
     def __init__(self, name: str, max_waiting: int = 64) -> None:
         self.name = name
         self.max_waiting = max_waiting
         self.waiting = 0  # requests queued behind the one running
         self.running = 0
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"audio-{name}")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{name}")
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -80,7 +80,7 @@ class AudioWorker:
         with self._lock:
             if self.waiting >= self.max_waiting:
                 raise OverloadedError(
-                    f"Model '{self.name}' has {self.waiting} audio requests waiting; try again shortly.",
+                    f"Model '{self.name}' has {self.waiting} requests waiting; try again shortly.",
                     retry_after_s=2,
                 )
             self.waiting += 1

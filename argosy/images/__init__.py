@@ -1,0 +1,1 @@
+"""Image generation: diffusers pipelines configured as models of kind `image`."""
