@@ -37,6 +37,7 @@ from argosy.api.openai import completions as openai_completions
 from argosy.api.openai import embeddings as openai_embeddings
 from argosy.api.openai import images as openai_images
 from argosy.api.openai import models as openai_models
+from argosy.api.openai import realtime as openai_realtime
 from argosy.api.openai import speech as openai_speech
 from argosy.api.openai import transcriptions as openai_transcriptions
 from argosy.api.openai.responses import route as openai_responses
@@ -246,6 +247,7 @@ def build_app(
             openai_speech,
             openai_audio_jobs,
             openai_images,
+            openai_realtime,
             tokenizer_routes,
             anthropic_messages,
             ollama_generate,

@@ -35,6 +35,8 @@ from argosy.core.keys import AddressLimits, KeyLimits, KeyPolicy, KeyRing, key_r
 from argosy.core.pipeline import RequestContext
 
 OPEN_PATHS = frozenset({"/health"})  # never need a key, never limited
+WS_KEY_PROTOCOL = "openai-insecure-api-key."
+WS_POLICY_VIOLATION = 1008  # a WebSocket refused before it opens: the key or a limit
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -110,6 +112,11 @@ class Gate:
         scheme, _, token = authorization.partition(" ")
         key = token.strip() if scheme.lower() == "bearer" else ""
         key = key or headers.get("x-api-key", "").strip()
+        # a browser's WebSocket cannot set headers: the key rides in a subprotocol, as OpenAI's
+        # realtime API takes it ("openai-insecure-api-key.KEY")
+        for protocol in headers.get("sec-websocket-protocol", "").split(","):
+            if not key and protocol.strip().startswith(WS_KEY_PROTOCOL):
+                key = protocol.strip().removeprefix(WS_KEY_PROTOCOL)
         if not key:
             raise _unauthorized(
                 "Missing API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'."
@@ -154,6 +161,9 @@ class GateMiddleware:
         self.render = render
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
@@ -197,3 +207,39 @@ class GateMiddleware:
                 if record is not None:
                     tokens = (record.prompt_tokens or 0) + (record.completion_tokens or 0)
                 self.gate.key_limits.done(policy, tokens)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The same key and per-address limits for a WebSocket: one refused is closed before it
+        opens (the client sees the handshake fail: 403) with code 1008 and the reason."""
+        headers = Headers(scope=scope)
+        peer = scope.get("client")
+        address = self.gate.client_address(peer[0] if peer else None, headers)
+        policy: KeyPolicy | None = None
+        try:
+            limits = self.gate.address_limits
+            if (
+                limits is not None
+                and address is not None
+                and (self.gate.limit_loopback or not _is_loopback(address))
+            ):
+                wait = limits.take(address)
+                if wait > 0:
+                    raise _rate_limited(f"Too many requests from {address}.", wait)
+            if self.gate.keys:
+                policy = self.gate.authenticate(headers)
+                refused = self.gate.key_limits.admit(policy)
+                if refused is not None:
+                    policy = None
+                    raise _rate_limited(f"The API key's {refused[0]} limit is reached.", refused[1])
+        except APIError as error:
+            await receive()  # websocket.connect
+            await send(
+                {"type": "websocket.close", "code": WS_POLICY_VIOLATION, "reason": error.message[:120]}
+            )
+            return
+        scope.setdefault("state", {})["key_name"] = policy.name if policy is not None else None
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if policy is not None:
+                self.gate.key_limits.done(policy, 0)

@@ -440,3 +440,40 @@ def test_jobs_survive_a_crash_and_restart(server: object) -> None:
     rerun = wait_job(base, cut_id)
     assert rerun["status"] == "completed" and rerun["attempts"] == 2, rerun
     assert duration(httpx.get(f"{base}/v1/audio/jobs/{cut_id}/result", timeout=60).content) > 150
+
+
+# -- realtime ---------------------------------------------------------------------------------
+def test_realtime_partials_then_a_final_transcript(server: object, spoken: list[bytes]) -> None:
+    import time
+
+    from websockets.sync.client import connect
+
+    pcm, rate = sf.read(io.BytesIO(spoken[2] + b""), dtype="int16")
+    url = f"ws://{server.host}:{server.port}/v1/audio/transcriptions/realtime?sample_rate={rate}"  # type: ignore[attr-defined]
+    events = []
+    with connect(url, open_timeout=60) as ws:
+        step = rate // 4  # a quarter second per frame, in real time, as a microphone sends
+        for start in range(0, len(pcm), step):
+            ws.send(pcm[start : start + step].astype("<i2").tobytes())
+            time.sleep(0.25)
+        ws.send(json.dumps({"type": "not.a.thing"}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        while not events or events[-1]["type"] != "transcript.final":
+            events.append(json.loads(ws.recv(timeout=120)))
+    kinds = [e["type"] for e in events]
+    assert "error" in kinds and kinds.count("transcript.final") == 1
+    assert any(k == "transcript.partial" for k in kinds), kinds
+    final = events[-1]
+    assert final["item"] == 0 and abs(final["audio_seconds"] - len(pcm) / rate) < 0.05
+    assert wer([SENTENCES[2]], [final["text"]]) <= 0.2, final
+
+
+def test_realtime_refuses_what_it_cannot_serve(server: object) -> None:
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    base = f"ws://{server.host}:{server.port}/v1/audio/transcriptions/realtime"  # type: ignore[attr-defined]
+    for query in ("?model=tts", "?sample_rate=1000", "?language=fr", "?model=nope"):
+        with pytest.raises(InvalidStatus) as caught, connect(base + query, open_timeout=60):
+            pass
+        assert caught.value.response.status_code == 403

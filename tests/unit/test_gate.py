@@ -284,3 +284,32 @@ def test_a_public_host_needs_a_key_or_insecure() -> None:
     ServerConfig(host="0.0.0.0", insecure=True)
     ServerConfig(host="0.0.0.0", api_key=["sk"])
     ServerConfig(host="::1")
+
+
+def test_websockets_pass_the_same_gate(gated: tuple[TestClient, list[RequestEvent]]) -> None:
+    """The realtime WebSocket needs the key as every route does: without one it is closed
+    before it opens (1008, the reason said); with one (header or a browser's subprotocol) it
+    reaches the route, here refused for want of a transcription model."""
+    from starlette.websockets import WebSocketDisconnect
+
+    client, _ = gated
+    path = "/v1/audio/transcriptions/realtime"
+    with pytest.raises(WebSocketDisconnect) as refused, client.websocket_connect(path):
+        pass
+    assert refused.value.code == 1008 and "Missing API key" in refused.value.reason
+    with (
+        pytest.raises(WebSocketDisconnect) as refused,
+        client.websocket_connect(path, headers={"x-api-key": "wrong"}),
+    ):
+        pass
+    assert refused.value.code == 1008 and refused.value.reason == "Invalid API key."
+    for kwargs in (
+        {"headers": {"authorization": "Bearer sk-flag"}},
+        {"subprotocols": ["openai-insecure-api-key.sk-flag"]},
+    ):
+        with pytest.raises(WebSocketDisconnect) as reached, client.websocket_connect(path, **kwargs):  # type: ignore[arg-type]
+            pass
+        assert (
+            reached.value.code == 1008
+            and reached.value.reason == "This server serves no transcription model."
+        )
