@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= smollm2
+# loaded on their first request: embeddings, transcription, speech
+MORE_MODELS ?= minilm whisper-tiny.en piper-joe
 export HF_HUB_OFFLINE := 1
 
 .PHONY: install serve test lint unit e2e bench fuzz clean
@@ -26,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 serve: install
-	$(BIN)/argosy serve --model $(MODEL) --host $(HOST) --port $(PORT)
+	$(BIN)/argosy serve --model $(MODEL) $(foreach m,$(MORE_MODELS),--model $(m)) --host $(HOST) --port $(PORT)
 
 lint: install
 	$(BIN)/ruff check argosy tests bench

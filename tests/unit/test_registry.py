@@ -246,3 +246,24 @@ def test_a_dead_engine_is_discarded_and_reloaded() -> None:
 
     asyncio.run(main())
     assert loads.log == ["load a", "load b", "unload a", "unload b", "load a", "load b"]
+
+
+def test_a_satellite_serves_fim_and_must_be_another_chat_model() -> None:
+    def load(spec: ModelSpec) -> Any:
+        raise AssertionError("nothing loads")
+
+    specs = [
+        ModelSpec("chat", "smollm2", satellite="coder"),
+        ModelSpec("coder", "coder.gguf", aliases=("c",)),
+    ]
+    registry = ModelRegistry(specs, load)
+    assert registry.fim_model("chat") == "coder" and registry.fim_model("c") == "c"
+    assert registry.fim_model(None) == "coder"  # the first chat model, and its satellite
+    for satellite, other in (
+        ("nope", None),
+        ("chat", None),
+        ("mini", ModelSpec("mini", "minilm", kind="embedding")),
+    ):
+        bad = [ModelSpec("chat", "smollm2", satellite=satellite), *([other] if other else [])]
+        with pytest.raises(InvalidRequestError, match="satellite"):
+            ModelRegistry(bad, load)
