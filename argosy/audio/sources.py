@@ -12,6 +12,7 @@ starts, serves text, and names the extra when an audio model is asked to load.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import shutil
@@ -104,7 +105,10 @@ def _is_whisper_config(path: Path) -> bool:
 
 
 def require_audio_library(module: str, purpose: str) -> None:
-    if importlib.util.find_spec(module) is None:
+    """Import `module` now, or fail the load naming the extra that installs it."""
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
         raise ModelLoadError(
-            f"{purpose} needs the Python package {module}, which is not installed: {AUDIO_EXTRA}"
-        )
+            f"{purpose} needs the Python package {module}, which is not installed ({exc}): {AUDIO_EXTRA}"
+        ) from exc

@@ -10,7 +10,6 @@ none is registered by name: a folder is configured in the models file.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import random
@@ -48,10 +47,13 @@ class ImageService:
     kind = "image"
 
     def __init__(self, model_id: str, folder: str, created: int | None = None) -> None:
-        if importlib.util.find_spec("diffusers") is None:
-            raise ModelLoadError(f"image generation needs the Python package diffusers: {IMAGES_EXTRA}")
+        try:
+            from diffusers import DiffusionPipeline
+        except ImportError as exc:
+            raise ModelLoadError(
+                f"image generation needs the Python package diffusers ({exc}): {IMAGES_EXTRA}"
+            ) from exc
         import torch
-        from diffusers import DiffusionPipeline
 
         self.model_id = model_id
         self.path = Path(folder).expanduser()

@@ -209,12 +209,9 @@ def test_audio_kinds_of_sources(tmp_path: object) -> None:
 
 
 def test_a_missing_audio_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.util
+    import sys
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "piper" else real(name, *a)
-    )
+    monkeypatch.setitem(sys.modules, "piper", None)  # `import piper` raises ImportError
     with pytest.raises(
         ModelLoadError, match=r"speech synthesis needs the Python package piper.*argosy\[audio\]"
     ):
