@@ -207,6 +207,15 @@ class SqliteSessionStore:
         return None if row is None else _session_from_row(row)
 
     @_storage_errors
+    def recent(self, limit: int = 50) -> list[Session]:
+        """The most recently updated visible sessions, newest first (the CLI's listing)."""
+        rows = self._connection().execute(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE deleted_at IS NULL ORDER BY updated_at DESC LIMIT ?",
+            (limit,),
+        )
+        return [_session_from_row(row) for row in rows]
+
+    @_storage_errors
     def fork(
         self,
         session_id: str,
