@@ -248,6 +248,11 @@ class CompiledDecoder:
         eager steps on another thread: dynamo's frame hook is per thread, and the dummy rows
         write only the scratch block."""
         started = time.perf_counter()
+        log.info(
+            "compiling the decode step for this CPU: %d graphs (a first start takes minutes; later starts "
+            "read torch's compile cache); requests are served meanwhile with eager steps",
+            len(row_counts),
+        )
         try:
             for i, count in enumerate(row_counts):
                 if stop is not None and stop.is_set():
