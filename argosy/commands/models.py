@@ -215,8 +215,8 @@ def cmd_stop(address: str | None, name: str) -> str:
     model = resolve_name(url, name)
     if not model["capabilities"]["loaded"]:
         return f"{model['id']} is not loaded"
-    server_post(url, "/api/generate", {"model": model["id"], "keep_alive": 0})
-    return f"{model['id']} unloads once its requests finish"
+    server_post(url, f"/v1/argosy/models/{model['id']}/unload", {})
+    return f"{model['id']} unloaded"
 
 
 def dump(value: Any) -> str:

@@ -477,3 +477,24 @@ def test_realtime_refuses_what_it_cannot_serve(server: object) -> None:
         with pytest.raises(InvalidStatus) as caught, connect(base + query, open_timeout=60):
             pass
         assert caught.value.response.status_code == 403
+
+
+def test_load_and_unload_any_model_kind(server: object) -> None:
+    import subprocess
+    import sys
+
+    base = server.base_url  # type: ignore[attr-defined]
+    loaded = httpx.post(f"{base}/v1/argosy/models/tts-1/load", timeout=120).json()
+    assert loaded["id"] == "tts" and loaded["capabilities"]["state"] == "loaded"
+    stop = subprocess.run(
+        [sys.executable, "-m", "argosy", "stop", "tts", "--host", base.removeprefix("http://")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert stop.returncode == 0 and stop.stdout.strip() == "tts unloaded", stop.stderr
+    state = httpx.get(f"{base}/v1/audio/models/tts").json()["capabilities"]["state"]
+    assert state == "unloaded"
+    again = httpx.post(f"{base}/v1/argosy/models/tts/unload", timeout=60).json()
+    assert again == {"id": "tts", "object": "model", "unloaded": False, "state": "unloaded"}
+    assert httpx.post(f"{base}/v1/argosy/models/nope/load", timeout=60).status_code == 404

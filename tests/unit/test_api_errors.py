@@ -232,8 +232,9 @@ def test_top_logprobs_needs_logprobs() -> None:
 
 
 def test_suffix_and_best_of() -> None:
+    CompletionRequest.model_validate({"prompt": "x", "suffix": "y"}).check()  # the model decides (FIM tokens)
     with pytest.raises(InvalidRequestError) as caught:
-        CompletionRequest.model_validate({"prompt": "x", "suffix": "y"}).check()
+        CompletionRequest.model_validate({"prompt": [1, 2], "suffix": "y"}).check()
     assert caught.value.param == "suffix"
     assert "fill-in-the-middle" in caught.value.message
     with pytest.raises(InvalidRequestError) as caught:

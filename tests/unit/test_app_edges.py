@@ -276,6 +276,8 @@ def test_the_openapi_document_lists_every_route_with_its_body(client: TestClient
         ("/v1/audio/generate", "post"),
         ("/v1/images/generations", "post"),
         ("/v1/images/edits", "post"),
+        ("/v1/argosy/models/{model_id}/load", "post"),
+        ("/v1/argosy/models/{model_id}/unload", "post"),
         ("/v1/audio/jobs/{job_id}", "get"),
         ("/v1/audio/jobs/{job_id}", "delete"),
         ("/v1/audio/jobs/{job_id}/result", "get"),

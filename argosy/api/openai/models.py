@@ -119,3 +119,34 @@ async def retrieve_audio_model(request: Request, model_id: str) -> JSONResponse:
             f"'{model_id}' is a {entry.spec.kind} model, not an audio model.", code="not_audio_model"
         )
     return JSONResponse(model_json(registry.info(entry)))
+
+
+def _entry(request: Request, model_id: str) -> Any:
+    registry: ModelRegistry = request.app.state.registry
+    try:
+        return registry.resolve(model_id)
+    except NotFoundError as exc:
+        exc.param = None  # a path segment, not a body field
+        raise
+
+
+@router.post("/v1/argosy/models/{model_id:path}/load")
+async def load_model(request: Request, model_id: str) -> JSONResponse:
+    """Load a configured model now (any kind); answers once it serves, with its description."""
+    registry: ModelRegistry = request.app.state.registry
+    entry = _entry(request, model_id)
+    lease = await registry.acquire(entry)
+    lease.release()
+    return JSONResponse(model_json(registry.info(entry)))
+
+
+@router.post("/v1/argosy/models/{model_id:path}/unload")
+async def unload_model(request: Request, model_id: str) -> JSONResponse:
+    """Unload a model once its in-flight requests are done (the next request loads it again)."""
+    registry: ModelRegistry = request.app.state.registry
+    entry = _entry(request, model_id)
+    was_loaded = entry.state == "loaded"
+    await registry.unload(entry, reason="asked over HTTP")
+    return JSONResponse(
+        {"id": entry.spec.id, "object": "model", "unloaded": was_loaded, "state": entry.state}
+    )
