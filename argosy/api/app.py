@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Scope
 
-from argosy.api import admin, metrics
+from argosy.api import admin, console, metrics
 from argosy.api import tokenizer as tokenizer_routes
 from argosy.api.anthropic import messages as anthropic_messages
 from argosy.api.errors import (
@@ -52,7 +52,7 @@ from argosy.api.transport import (
 )
 from argosy.config import ServerConfig
 from argosy.core.drain import Drain
-from argosy.core.events import EventBus, JsonlSink, RingBuffer
+from argosy.core.events import EventBus, JsonlSink, RequestEvent, RingBuffer
 from argosy.core.jobs import JobQueue
 from argosy.core.metrics import ServerMetrics
 from argosy.core.pipeline import Pipeline
@@ -190,6 +190,18 @@ ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 OLLAMA_PREFIX = "/api/"
 
 
+def _unless_console_read(ring: RingBuffer) -> Callable[[RequestEvent], None]:
+    """The ring buffer's observer, without the console's own successful reads (it polls every
+    2 s: an hour of them would push every real request out of the buffer) and health probes."""
+
+    def observe(event: RequestEvent) -> None:
+        is_read = event.route.startswith(("GET /v1/argosy/", "GET /console")) and (event.status or 0) < 400
+        if not is_read and event.route != "GET /health":  # probes: counted in /metrics, not listed
+            ring(event)
+
+    return observe
+
+
 def _audio_jobs(
     registry: ModelRegistry, config: ServerConfig, sessions: SessionRecorder | None
 ) -> JobQueue | None:
@@ -224,7 +236,7 @@ def build_app(
     app.state.events = events if events is not None else EventBus()
     app.state.drain = Drain(config.shutdown_grace)  # SIGTERM / SIGINT: argosy/api/server.py
     app.state.recent_requests = RingBuffer(config.events_ring_size)  # the console reads these
-    app.state.events.subscribe(app.state.recent_requests)
+    app.state.events.subscribe(_unless_console_read(app.state.recent_requests))
     if config.events_log is not None:
         app.state.events.subscribe(JsonlSink(config.events_log, config.events_log_max_bytes))
     app.state.metrics = ServerMetrics(registry)
@@ -249,6 +261,7 @@ def build_app(
             openai_images,
             openai_realtime,
             tokenizer_routes,
+            console,
             anthropic_messages,
             ollama_generate,
             ollama_models,

@@ -34,7 +34,8 @@ from argosy.config import ModelSpec, ServerConfig
 from argosy.core.keys import AddressLimits, KeyLimits, KeyPolicy, KeyRing, key_ring
 from argosy.core.pipeline import RequestContext
 
-OPEN_PATHS = frozenset({"/health"})  # never need a key, never limited
+# never need a key, never limited (the console's page holds no data: it asks for the key)
+OPEN_PATHS = frozenset({"/health", "/console"})
 WS_KEY_PROTOCOL = "openai-insecure-api-key."
 WS_POLICY_VIOLATION = 1008  # a WebSocket refused before it opens: the key or a limit
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
