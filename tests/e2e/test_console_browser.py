@@ -59,16 +59,20 @@ def page(server: ServerProcess) -> Iterator[object]:
 def test_a_refused_request_shows_as_a_row_within_a_second(
     page: object, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    page.wait_for_timeout(500)  # type: ignore[attr-defined]  # the page follows the stream
-    refused = httpx.get(f"{server.base_url}/v1/models", headers={"authorization": "Bearer wrong"})
+    page.wait_for_selector("body[data-following='yes']", timeout=30_000)  # type: ignore[attr-defined]
+    probe = "/v1/models/console-probe"  # a path of its own: its row is told apart from the page's
+    refused = httpx.get(f"{server.base_url}{probe}", headers={"authorization": "Bearer wrong"})
     assert refused.status_code == 401
     started = time.monotonic()
-    page.wait_for_selector("#request-rows tr[data-status='401']", timeout=1000)  # type: ignore[attr-defined]
+    row = page.locator("#request-rows tr[data-status='401']", has_text=probe)  # type: ignore[attr-defined]
+    row.wait_for(timeout=5000)
     assert time.monotonic() - started < 1.0
-    row = page.locator("#request-rows tr[data-status='401']").first  # type: ignore[attr-defined]
-    assert "GET /v1/models" in row.inner_text()
-    row.click()
-    assert '"error_kind": "unauthorized"' in page.inner_text("#request-detail")  # type: ignore[attr-defined]
+    row.dispatch_event("click")  # (rows are prepended live: a mouse click can land on a newer one)
+    page.wait_for_function(  # type: ignore[attr-defined]
+        "document.getElementById('request-detail').textContent.includes('console-probe')"
+    )
+    detail = page.inner_text("#request-detail")  # type: ignore[attr-defined]
+    assert '"error_kind": "unauthorized"' in detail and '"status": 401' in detail
     page.screenshot(path=str(tmp_path_factory.getbasetemp() / "console-requests.png"), full_page=True)  # type: ignore[attr-defined]
 
 
