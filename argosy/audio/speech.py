@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import re
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -26,8 +25,7 @@ import numpy as np
 from argosy.audio.sources import AudioSource, require_audio_library
 from argosy.audio.transcription import _file_bytes
 from argosy.core.service import ModelInfo
-from argosy.core.worker import ModelWorker
-from argosy.engine.arrivals import Arrival
+from argosy.core.worker import WorkerModel
 from argosy.errors import InvalidRequestError, ModelLoadError
 
 OPENAI_VOICES = frozenset(
@@ -51,23 +49,16 @@ MIN_SPEED, MAX_SPEED = 0.25, 4.0
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n+")
 
 
-class SpeechService:
+class SpeechService(WorkerModel):
     kind = "speech"
 
     def __init__(self, model_id: str, source: AudioSource, created: int | None = None) -> None:
-        self.model_id = model_id
+        self._start_worker(model_id, created)
         self.source = source
-        self.created = created if created is not None else int(time.time())
         self.path = source.locate()
         self.backend: _Voice = (
             _EspeakVoice(self.path) if source.backend == "espeak" else _PiperVoice(self.path)
         )
-        self.worker = ModelWorker(model_id)
-        self._alive = True
-
-    @property
-    def is_alive(self) -> bool:
-        return self._alive
 
     @property
     def sample_rate(self) -> int:
@@ -77,26 +68,12 @@ class SpeechService:
     def voices(self) -> tuple[str, ...]:
         return self.backend.voices
 
-    def arriving(self) -> Arrival:
-        return Arrival()
-
-    def shutdown(self) -> None:
-        self._alive = False
-        self.worker.shutdown()
-
     def model_info(self, state: str = "loaded") -> ModelInfo:
-        return ModelInfo(
-            id=self.model_id,
-            created=self.created,
-            kind=self.kind,
-            state=state if self.is_alive else "dead",
-            is_loaded=True,
-            context_length=None,
+        return self._info(
+            state,
             architecture=self.source.backend,
             dtype="float32",
             quantization=None,
-            has_chat_template=False,
-            sampling_defaults={},
             memory_bytes=_file_bytes(self.path) if self.source.backend != "espeak" else None,
             tasks=("speech",),
             voices=self.voices,

@@ -12,7 +12,6 @@ what is missing; a multilingual Whisper folder does both.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +21,7 @@ import numpy as np
 from argosy.audio.codecs import duration_of
 from argosy.audio.sources import AudioSource, require_audio_library
 from argosy.core.service import ModelInfo
-from argosy.core.worker import ModelWorker
-from argosy.engine.arrivals import Arrival
+from argosy.core.worker import WorkerModel
 from argosy.errors import InvalidRequestError
 
 FALLBACK_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -72,53 +70,32 @@ class Transcript:
         return "".join(segment.text for segment in self.segments).strip()
 
 
-class TranscriptionService:
+class TranscriptionService(WorkerModel):
     kind = "transcription"
 
     def __init__(self, model_id: str, source: AudioSource, threads: int, created: int | None = None) -> None:
         require_audio_library("faster_whisper", "transcription")
         from faster_whisper import WhisperModel
 
-        self.model_id = model_id
+        self._start_worker(model_id, created)
         self.source = source
-        self.created = created if created is not None else int(time.time())
         self.path = source.locate()
         self.model = WhisperModel(
             str(self.path), device="cpu", compute_type="int8", cpu_threads=threads, num_workers=1
         )
-        self.worker = ModelWorker(model_id)
         self.is_multilingual = bool(self.model.model.is_multilingual)
         self.languages: tuple[str, ...] = tuple(self.model.supported_languages)
-        self._alive = True
-
-    @property
-    def is_alive(self) -> bool:
-        return self._alive
-
-    def arriving(self) -> Arrival:
-        return Arrival()
-
-    def shutdown(self) -> None:
-        self._alive = False
-        self.worker.shutdown()
 
     @property
     def tasks(self) -> tuple[str, ...]:
         return ("transcribe", "translate") if self.is_multilingual else ("transcribe",)
 
     def model_info(self, state: str = "loaded") -> ModelInfo:
-        return ModelInfo(
-            id=self.model_id,
-            created=self.created,
-            kind=self.kind,
-            state=state if self.is_alive else "dead",
-            is_loaded=True,
-            context_length=None,
+        return self._info(
+            state,
             architecture=f"whisper ({self.source.backend})",
             dtype="int8",
             quantization="int8",
-            has_chat_template=False,
-            sampling_defaults={},
             memory_bytes=_file_bytes(self.path),
             tasks=self.tasks,
             languages=self.languages,

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
+from argosy.core.service import ModelInfo
+from argosy.engine.arrivals import Arrival
 from argosy.errors import OverloadedError
 
 T = TypeVar("T")
@@ -97,3 +100,41 @@ class ModelWorker:
     def _left_unstarted(self) -> None:
         with self._lock:
             self.waiting -= 1
+
+
+class WorkerModel:
+    """A loaded model that a library runs on its own ModelWorker (audio, images): its identity,
+    liveness and shutdown, and the description fields every such model shares."""
+
+    kind: ClassVar[str]
+
+    def _start_worker(self, model_id: str, created: int | None) -> None:
+        self.model_id = model_id
+        self.created = created if created is not None else int(time.time())
+        self.worker = ModelWorker(model_id)
+        self._alive = True
+
+    @property
+    def is_alive(self) -> bool:
+        return self._alive
+
+    def arriving(self) -> Arrival:
+        return Arrival()
+
+    def shutdown(self) -> None:
+        self._alive = False
+        self.worker.shutdown()
+
+    def _info(self, state: str, **fields: Any) -> ModelInfo:
+        """The model's ModelInfo: `fields` are what only it knows (architecture, dtype, ...)."""
+        return ModelInfo(
+            id=self.model_id,
+            created=self.created,
+            kind=self.kind,
+            state=state if self.is_alive else "dead",
+            is_loaded=True,
+            context_length=None,
+            has_chat_template=False,
+            sampling_defaults={},
+            **fields,
+        )

@@ -13,14 +13,12 @@ from __future__ import annotations
 import io
 import json
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from argosy.core.service import ModelInfo
-from argosy.core.worker import ModelWorker
-from argosy.engine.arrivals import Arrival
+from argosy.core.worker import WorkerModel
 from argosy.errors import ModelLoadError
 
 IMAGES_EXTRA = "pip install 'argosy[images]'"
@@ -43,7 +41,7 @@ class ImageRequest:
     negative_prompt: str | None = None
 
 
-class ImageService:
+class ImageService(WorkerModel):
     kind = "image"
 
     def __init__(self, model_id: str, folder: str, created: int | None = None) -> None:
@@ -55,9 +53,8 @@ class ImageService:
             ) from exc
         import torch
 
-        self.model_id = model_id
+        self._start_worker(model_id, created)
         self.path = Path(folder).expanduser()
-        self.created = created if created is not None else int(time.time())
         try:
             self.pipeline: Any = DiffusionPipeline.from_pretrained(str(self.path), torch_dtype=torch.float32)
         except (OSError, ValueError, KeyError) as exc:
@@ -69,33 +66,13 @@ class ImageService:
         scale = getattr(self.pipeline, "vae_scale_factor", 8)
         sample = getattr(getattr(unet, "config", None), "sample_size", None)
         self.default_size = int(sample * scale) if isinstance(sample, int) else 512
-        self.worker = ModelWorker(model_id)
-        self._alive = True
-
-    @property
-    def is_alive(self) -> bool:
-        return self._alive
-
-    def arriving(self) -> Arrival:
-        return Arrival()
-
-    def shutdown(self) -> None:
-        self._alive = False
-        self.worker.shutdown()
 
     def model_info(self, state: str = "loaded") -> ModelInfo:
-        return ModelInfo(
-            id=self.model_id,
-            created=self.created,
-            kind=self.kind,
-            state=state if self.is_alive else "dead",
-            is_loaded=True,
-            context_length=None,
+        return self._info(
+            state,
             architecture=self.architecture,
             dtype="float32",
             quantization=None,
-            has_chat_template=False,
-            sampling_defaults={},
             memory_bytes=sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file()),
             tasks=("generate",),
             description=f"diffusers {self.architecture} ({self.path.name}), {self.default_size}px native",
