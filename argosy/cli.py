@@ -17,13 +17,13 @@ import dataclasses
 import logging
 import os
 import re
-import subprocess
 import sys
 import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from argosy.commands.cli import EXAMPLES, add_client_commands, client_command
 from argosy.config import EngineConfig, ModelSpec, OperatorSampling, ServerConfig
 from argosy.core.keys import key_ring
 from argosy.errors import ArgosyError
@@ -185,74 +185,6 @@ def _values_for(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return {dest.removeprefix(prefix): value for dest, value in vars(args).items() if dest.startswith(prefix)}
 
 
-EXAMPLES = """examples:
-  argosy serve                                 serve SmolLM2 on 127.0.0.1:8000
-  argosy serve --model smollm2 --model minilm  a chat and an embedding model
-  argosy run                                   chat with the server's first chat model
-  argosy run smollm2 "Why is the sky blue?"    one answer, then exit
-  cat notes.txt | argosy run smollm2 "Summarise this."
-  argosy list                                  the models Argosy knows and serves
-  argosy ps                                    the models loaded now
-  argosy show smollm2                          a model's template, parameters, capabilities
-  argosy stop smollm2                          unload a model
-  argosy sessions list                         the stored conversations
-"""
-
-
-def _client_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--host",
-        dest="address",
-        default=None,
-        metavar="HOST:PORT",
-        help="the server to talk to (default: $ARGOSY_HOST or 127.0.0.1:8000)",
-    )
-
-
-def _add_client_commands(commands: Any) -> None:
-    formatter = argparse.RawDescriptionHelpFormatter
-    run = commands.add_parser(
-        "run", help="chat with a model in the terminal", formatter_class=formatter, description=_RUN_HELP
-    )
-    run.add_argument(
-        "run_model", nargs="?", metavar="MODEL", help="a served model (default: the first chat model)"
-    )
-    run.add_argument(
-        "prompt", nargs="*", metavar="PROMPT", help="ask once and exit (piped text is added to it)"
-    )
-    run.add_argument(
-        "--temperature", type=float, default=None, help="sampling temperature (/set temperature)"
-    )
-    run.add_argument(
-        "--max-tokens", type=int, default=None, help="longest answer in tokens (/set max_tokens)"
-    )
-    _client_flags(run)
-    _client_flags(commands.add_parser("list", help="list the models Argosy knows and the server's"))
-    _client_flags(commands.add_parser("ps", help="list the models loaded on the server"))
-    show = commands.add_parser("show", help="show a model's template, parameters and capabilities")
-    show.add_argument("name", metavar="MODEL")
-    _client_flags(show)
-    stop = commands.add_parser("stop", help="unload a model on the server")
-    stop.add_argument("name", metavar="MODEL")
-    _client_flags(stop)
-    sessions = commands.add_parser("sessions", help="list, show, fork or delete stored sessions")
-    sessions.add_argument("action", nargs="?", default="list", choices=("list", "show", "fork", "delete"))
-    sessions.add_argument("session_id", nargs="?", metavar="ID")
-    sessions.add_argument(
-        "at", nargs="?", type=int, metavar="N", help="fork: the event to fork at (default: the last)"
-    )
-    sessions.add_argument("--data-dir", default="~/.local/share/argosy", help="the server's --data-dir")
-    sessions.add_argument("--limit", type=int, default=50, help="sessions listed (newest first)")
-    bench = commands.add_parser("bench", help="the quick side-by-side benchmark (bench/compare.py --quick)")
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for bench/compare.py")
-
-
-_RUN_HELP = (
-    "Chat with a model: streamed answers, /set temperature 0.2, /system TEXT, /fork N, /save FILE,\n"
-    "/load FILE, /bye (/? lists them). With a PROMPT, or text piped in, answer once and exit."
-)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="argosy",
@@ -292,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(serve, EngineConfig, "engine")
     _add_flags(serve, ServerConfig, "server")
     _add_flags(serve, OperatorSampling, "operator sampling defaults")
-    _add_client_commands(commands)
+    add_client_commands(commands)
     return parser
 
 
@@ -566,47 +498,6 @@ def serve(
         registry.shutdown()
         sessions.close()  # after the last generation committed its events
     return 1 if failed else 0
-
-
-def client_command(args: argparse.Namespace) -> int:
-    """The commands that talk to a server or read the store; errors are one line, exit 1."""
-    from argosy.commands import models as model_commands
-    from argosy.commands.models import CommandError
-
-    try:
-        if args.command == "run":
-            from argosy.commands.run import cmd_run
-
-            options = {"temperature": args.temperature, "max_tokens": args.max_tokens}
-            options = {key: value for key, value in options.items() if value is not None}
-            return cmd_run(
-                args.address, args.run_model, args.prompt, options, sys.stdin, sys.stdout, sys.stderr
-            )
-        if args.command == "list":
-            print(model_commands.cmd_list(args.address))
-        elif args.command == "ps":
-            print(model_commands.cmd_ps(args.address))
-        elif args.command == "show":
-            print(model_commands.cmd_show(args.address, args.name))
-        elif args.command == "stop":
-            print(model_commands.cmd_stop(args.address, args.name))
-        elif args.command == "sessions":
-            from argosy.commands.sessions import cmd_sessions
-
-            print(cmd_sessions(args.data_dir, args.action, args.session_id, args.at, args.limit))
-        elif args.command == "bench":
-            script = Path(__file__).resolve().parents[1] / "bench" / "compare.py"
-            if not script.is_file():
-                raise CommandError(
-                    "bench/compare.py comes with the source checkout (git clone), not the package"
-                )
-            return subprocess.call([sys.executable, str(script), "--quick", *args.bench_args])
-    except CommandError as exc:
-        print(f"argosy {args.command}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
 
 
 def _port_in_use(host: str, port: int) -> str | None:
