@@ -42,6 +42,7 @@ _BYTE_SIZE_FIELDS = {
     "max_loaded_memory",
     "max_small_body_bytes",
     "events_log_max_bytes",
+    "console_body_bytes",
     "max_audio_body_bytes",
 }
 _SECRET_FIELDS = {"api_key"}  # printed as *** (a key is never printed or logged)
@@ -82,6 +83,7 @@ _HELP = {
     "events_log": "write every request's events as JSON lines to this file (rotated at --events-log-max-bytes)",
     "events_log_max_bytes": "rotate the events log past this size (default 64M)",
     "events_ring_size": "requests kept in memory for the console (default 1000)",
+    "console_body_bytes": "bytes of each listed request's and response's body the console can show (default 32K; 0: none)",
     "shutdown_grace": "on SIGTERM / SIGINT, how long in-flight requests may run on before they are aborted (default 30s)",
     "keep_alive": "unload a model idle this long (suffixes as for --session-ttl); default: never",
     "dtype": "auto | bfloat16 | float32 | float16 (auto: bf16 where the CPU has it)",
@@ -490,7 +492,10 @@ def serve(
     registry.on_load_failed = on_load_failed
 
     app.router.lifespan_context = registry_lifespan(
-        registry, preloaded, MAINTAIN_EVERY_S, also=[app.state.audio_jobs] if app.state.audio_jobs else []
+        registry,
+        preloaded,
+        MAINTAIN_EVERY_S,
+        also=[app.state.stats_history, *([app.state.audio_jobs] if app.state.audio_jobs else [])],
     )
     try:
         server.run()

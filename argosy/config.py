@@ -264,6 +264,7 @@ class ServerConfig:
     events_log: str | None = None  # request events as JSON lines (rotated)
     events_log_max_bytes: int = 64 * 1024 * 1024
     events_ring_size: int = 1000  # the last N requests kept in memory (the console reads them)
+    console_body_bytes: int = 32 * 1024  # per side of a listed request, kept for the console; 0: none
     operator_sampling: OperatorSampling = field(default_factory=OperatorSampling)
 
     @property
@@ -323,6 +324,8 @@ class ServerConfig:
             raise InvalidRequestError("max_audio_jobs must be at least 1", "max_audio_jobs")
         if self.events_ring_size < 0:
             raise InvalidRequestError("events_ring_size must be >= 0", "events_ring_size")
+        if self.console_body_bytes < 0:
+            raise InvalidRequestError("console_body_bytes must be >= 0", "console_body_bytes")
         for proxy in self.trusted_proxies:
             try:
                 ipaddress.ip_network(proxy, strict=False)

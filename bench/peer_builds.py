@@ -18,6 +18,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from argosy.progress import StatusLine
+
 BENCH_DIR = Path(__file__).resolve().parent
 PEERS_DIR = BENCH_DIR / ".peers"
 VENV_DIR = PEERS_DIR / "venv"
@@ -140,7 +142,7 @@ def build(build: PeerBuild, force: bool = False) -> BuildRecord:
     command = build.pip_command()
     print(f"[peers] building {build.name}: {' '.join(command)} (log: {build.log_path})", flush=True)
     started = time.monotonic()
-    with build.log_path.open("w") as log:
+    with build.log_path.open("w") as log, StatusLine(f"[peers] building {build.name}", stream=sys.stdout):
         # a stale install of the same version would satisfy pip without rebuilding
         subprocess.run(
             [str(VENV_DIR / "bin" / "pip"), "uninstall", "-y", *build.distributions()],

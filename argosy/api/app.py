@@ -53,11 +53,13 @@ from argosy.api.transport import (
 from argosy.config import ServerConfig
 from argosy.core.drain import Drain
 from argosy.core.events import EventBus, JsonlSink, RequestEvent, RingBuffer
+from argosy.core.exchanges import ExchangeStore
 from argosy.core.jobs import JobQueue
 from argosy.core.metrics import ServerMetrics
 from argosy.core.pipeline import Pipeline
 from argosy.core.recording import SessionRecorder
 from argosy.core.registry import ModelRegistry
+from argosy.core.stats import StatsHistory, snapshot
 from argosy.errors import ArgosyError, InvalidRequestError
 from argosy.sessions.jobs import JobStore
 from argosy.sessions.sqlite import SqliteSessionStore
@@ -190,13 +192,17 @@ ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 OLLAMA_PREFIX = "/api/"
 
 
-def _unless_console_read(ring: RingBuffer) -> Callable[[RequestEvent], None]:
-    """The ring buffer's observer, without the console's own successful reads (it polls every
-    2 s: an hour of them would push every real request out of the buffer) and health probes."""
+def listed(event: RequestEvent) -> bool:
+    """Whether the console lists a finished request: not its own successful reads (it polls
+    every 2 s: an hour of them would push every real request out of the buffer) nor health
+    probes (counted in /metrics)."""
+    is_read = event.route.startswith(("GET /v1/argosy/", "GET /console")) and (event.status or 0) < 400
+    return not is_read and event.route != "GET /health"
 
+
+def _listed_only(ring: RingBuffer) -> Callable[[RequestEvent], None]:
     def observe(event: RequestEvent) -> None:
-        is_read = event.route.startswith(("GET /v1/argosy/", "GET /console")) and (event.status or 0) < 400
-        if not is_read and event.route != "GET /health":  # probes: counted in /metrics, not listed
+        if listed(event):
             ring(event)
 
     return observe
@@ -236,7 +242,11 @@ def build_app(
     app.state.events = events if events is not None else EventBus()
     app.state.drain = Drain(config.shutdown_grace)  # SIGTERM / SIGINT: argosy/api/server.py
     app.state.recent_requests = RingBuffer(config.events_ring_size)  # the console reads these
-    app.state.events.subscribe(_unless_console_read(app.state.recent_requests))
+    app.state.events.subscribe(_listed_only(app.state.recent_requests))
+    app.state.exchanges = ExchangeStore(config.events_ring_size)  # and their bodies
+    app.state.stats_history = StatsHistory(  # the console's charts (a lifespan service)
+        lambda window: snapshot(registry, app.state.recent_requests.recent(), window)
+    )
     if config.events_log is not None:
         app.state.events.subscribe(JsonlSink(config.events_log, config.events_log_max_bytes))
     app.state.metrics = ServerMetrics(registry)
@@ -296,6 +306,12 @@ def build_app(
             allow_headers=["*"],
             expose_headers=EXPOSED_HEADERS,
         )
-    app.add_middleware(RequestEventsMiddleware, events=app.state.events)
+    app.add_middleware(
+        RequestEventsMiddleware,
+        events=app.state.events,
+        exchanges=app.state.exchanges,
+        body_limit=config.console_body_bytes,
+        listed=listed,
+    )
     app.add_middleware(RequestIdMiddleware)
     return app

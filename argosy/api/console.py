@@ -9,14 +9,15 @@ API key where keys are set; the page itself holds no data and asks for the key).
   the first N events).
 - `GET /v1/argosy/stats`: per loaded chat model its engine's running / waiting requests, KV
   and prefix-cache figures; over the ring buffer's last `window` seconds, TTFT and
-  inter-token latency percentiles and tokens per second.
+  inter-token latency percentiles and tokens per second (argosy/core/stats.py);
+  `GET /v1/argosy/stats/history`: the server's own snapshots of the last hour.
+- `GET /v1/argosy/requests/{id}`: one listed request, with its headers and bodies.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, is_dataclass
 from importlib import resources
@@ -29,7 +30,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from argosy.api.framing import SSEResponse, data_frame
 from argosy.core.events import EventBus, RequestEvent, RingBuffer
 from argosy.core.registry import ModelRegistry
-from argosy.core.service import ModelService
+from argosy.core.stats import StatsHistory, snapshot
 from argosy.errors import InvalidRequestError, NotFoundError, StorageError
 
 router = APIRouter()
@@ -92,6 +93,21 @@ async def request_stream(request: Request) -> Response:
 def _offer(queue: asyncio.Queue[RequestEvent], event: RequestEvent) -> None:
     if not queue.full():  # a console that stopped reading loses events, never the server's memory
         queue.put_nowait(event)
+
+
+@router.get("/v1/argosy/requests/{request_id}")
+async def request_detail(request: Request, request_id: str) -> JSONResponse:
+    """(After /requests/stream, which it would shadow.) One listed request: its finished event, and (while kept) its headers and bodies."""
+    ring: RingBuffer = request.app.state.recent_requests
+    event = next((e for e in reversed(ring.recent()) if e.request_id == request_id), None)
+    if event is None:
+        raise NotFoundError(
+            f"No recent request with id '{request_id}' (the console keeps the last "
+            f"{request.app.state.server_config.events_ring_size}).",
+            code="request_not_found",
+        )
+    exchange = request.app.state.exchanges.get(request_id)
+    return JSONResponse({**event.as_json(), "exchange": exchange.as_json() if exchange is not None else None})
 
 
 def _store(request: Request) -> Any:
@@ -160,13 +176,6 @@ async def fork_session(request: Request, session_id: str) -> JSONResponse:
     return JSONResponse(_session_json(child))
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
-
-
 @router.get("/v1/argosy/stats")
 async def stats(request: Request) -> JSONResponse:
     registry: ModelRegistry = request.app.state.registry
@@ -175,33 +184,26 @@ async def stats(request: Request) -> JSONResponse:
         window = float(request.query_params.get("window", 300))
     except ValueError:
         raise InvalidRequestError("window must be a number of seconds", "window") from None
-    now = time.time()
-    recent = [e for e in ring.recent() if e.timestamp >= now - window]
-    ttft = [e.ttft_s for e in recent if e.ttft_s is not None]
-    itl = [e.decode_s / e.decode_tokens for e in recent if e.decode_s and e.decode_tokens]
-    tokens = sum(e.completion_tokens or 0 for e in recent)
-    models = {}
-    for entry in registry.loaded():
-        service = entry.service
-        if isinstance(service, ModelService) and service.is_alive:
-            engine, in_flight = service.engine_stats()
-            hits, queries = engine.prefix_cache_hits, engine.prefix_cache_queries
-            models[entry.spec.id] = {
-                "running": engine.num_running,
-                "waiting": engine.num_waiting,
-                "in_flight": in_flight,
-                "kv_cache_usage": engine.kv_cache_usage,
-                "prefix_cache_hit_rate": hits / queries if queries else None,
-            }
+    if not window > 0:
+        raise InvalidRequestError("window must be a number of seconds > 0", "window")
+    return JSONResponse(snapshot(registry, ring.recent(), window))
+
+
+@router.get("/v1/argosy/stats/history")
+async def stats_history(request: Request) -> JSONResponse:
+    """The server's snapshots of the last hour (every `interval_s`, each over the `window_s`
+    before it); `since`: only those taken after that time (seconds since the epoch)."""
+    history: StatsHistory = request.app.state.stats_history
+    since = request.query_params.get("since")
+    try:
+        after = float(since) if since is not None else None
+    except ValueError:
+        raise InvalidRequestError("since must be a time in seconds since the epoch", "since") from None
     return JSONResponse(
         {
-            "time": now,
-            "window_s": window,
-            "requests": len(recent),
-            "refused": sum(1 for e in recent if (e.status or 0) >= 400),
-            "tokens_per_s": tokens / window if window > 0 else None,
-            "ttft_s": {"p50": _percentile(ttft, 0.5), "p95": _percentile(ttft, 0.95)},
-            "itl_s": {"p50": _percentile(itl, 0.5), "p95": _percentile(itl, 0.95)},
-            "models": models,
+            "object": "list",
+            "interval_s": history.interval_s,
+            "window_s": history.window_s,
+            "data": history.since(after),
         }
     )

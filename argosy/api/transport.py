@@ -22,7 +22,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from argosy.api.errors import APIError, from_validation_error
 from argosy.core.drain import Drain
-from argosy.core.events import EventBus, RequestRecord, dialect_of
+from argosy.core.events import EventBus, RequestEvent, RequestRecord, dialect_of
+from argosy.core.exchanges import BodyCapture, Exchange, ExchangeStore, redact_headers
 from argosy.errors import ArgosyError
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
@@ -116,14 +117,58 @@ class RequestEventsMiddleware:
     told the record as it closed), with the status sent; 499 when nothing was sent (the client
     left first), 500 when the app raised before answering."""
 
-    def __init__(self, app: ASGIApp, events: EventBus) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        events: EventBus,
+        exchanges: ExchangeStore | None = None,
+        body_limit: int = 0,
+        listed: Callable[[RequestEvent], bool] = lambda event: True,
+    ) -> None:
         self.app = app
         self.events = events
+        # the console's request detail: each listed request's headers and bodies (their first
+        # `body_limit` bytes), keys redacted
+        self.exchanges = exchanges if body_limit > 0 else None
+        self.body_limit = body_limit
+        self.listed = listed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.exchanges is not None:
+            await self._recorded(scope, receive, send, self.exchanges)
+            return
+        await self._observed(scope, receive, send, None)
+
+    async def _recorded(self, scope: Scope, receive: Receive, send: Send, store: ExchangeStore) -> None:
+        headers = redact_headers(scope.get("headers", []))
+        exchange = Exchange(
+            scope.get("state", {}).get("request_id", "-"), headers, BodyCapture(self.body_limit)
+        )
+        exchange.request.set_type(headers)
+
+        async def receive_and_keep() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                exchange.request.add(message.get("body", b""))
+            return message
+
+        async def send_and_keep(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                exchange.response_headers = redact_headers(message.get("headers", []))
+                exchange.response = BodyCapture(self.body_limit)
+                exchange.response.set_type(exchange.response_headers)
+            elif message["type"] == "http.response.body" and exchange.response is not None:
+                exchange.response.add(message.get("body", b""))
+            await send(message)
+
+        await self._observed(scope, receive_and_keep, send_and_keep, (store, exchange))
+
+    async def _observed(
+        self, scope: Scope, receive: Receive, send: Send, keep: tuple[ExchangeStore, Exchange] | None
+    ) -> None:
         state = scope.setdefault("state", {})
         client = scope.get("client")
         record = RequestRecord(
@@ -153,7 +198,10 @@ class RequestEventsMiddleware:
             template = getattr(scope.get("route"), "path", None)
             if template is not None:
                 record.route = f"{scope['method']} {template}"
-            self.events.emit(record.event("finished"))
+            finished = record.event("finished")
+            if keep is not None and self.listed(finished):
+                keep[0].put(keep[1])  # before the event: a console that sees it can open it
+            self.events.emit(finished)
 
 
 class Arriving(Protocol):

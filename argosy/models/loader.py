@@ -26,6 +26,7 @@ from argosy.models.gguf_config import GGUF_FILE_TYPE_KEY
 from argosy.models.gguf_convert import convert_gguf
 from argosy.models.hf_folder import load_hf_folder
 from argosy.models.source import ModelSource
+from argosy.progress import StatusLine
 
 # Bump when the converter's output changes, so folders written by an older converter are
 # not reused.
@@ -138,7 +139,8 @@ def ensure_gguf_converted(gguf_path: Path, cache_root: Path) -> Path:
     except OSError as exc:
         raise ModelLoadError(f"cannot create the model cache under {cache_root}: {exc}") from exc
     try:
-        convert_gguf(gguf_path, partial)
+        with StatusLine(f"converting {gguf_path.name} for Argosy (first load only)"):
+            convert_gguf(gguf_path, partial)
         _fsync_tree(partial)
         try:
             partial.rename(folder)

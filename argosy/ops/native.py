@@ -13,10 +13,13 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
 import torch
+
+from argosy.progress import StatusLine
 
 log = logging.getLogger("argosy.runner")
 
@@ -38,6 +41,19 @@ def build_dir() -> Path:
     return Path.home() / ".cache" / "argosy" / "torch_extensions" / f"torch-{torch.__version__}"
 
 
+def compiler_hint() -> str:
+    """What to say when native code could not be built: empty when a C++ compiler is on the
+    PATH (the error says the rest), else how to install one."""
+    compiler = os.environ.get("CXX") or "c++"
+    if shutil.which(compiler) or shutil.which("g++") or shutil.which("clang++"):
+        return ""
+    return (
+        " — no C++ compiler was found, so decoding stays eager (slower); install one "
+        "(Debian/Ubuntu: apt-get install g++; Fedora: dnf install gcc-c++; macOS: xcode-select --install) "
+        "and start again"
+    )
+
+
 def _build(name: str, sources: list[Path], cflags: list[str], directory: Path) -> Exception | None:
     """Build (or reuse) and load one library of ops with torch's extension builder (-O3,
     OpenMP and `cflags`); the exception when it could not (no compiler, no ninja, an error)."""
@@ -55,7 +71,7 @@ def _build(name: str, sources: list[Path], cflags: list[str], directory: Path) -
         if stale.exists():
             log.warning("removing %s left by a build that was stopped", stale)
             stale.unlink(missing_ok=True)
-        with guard:
+        with guard, StatusLine(f"building the native kernels for this CPU ({name}; first start only)"):
             cpp_extension.load(
                 name=name,
                 sources=[str(s) for s in sources],
@@ -82,7 +98,7 @@ def load_native_ops() -> bool:
     # -ffast-math: vectorised expf (glibc's libmvec) in the softmax, 16 at a time
     error = _build("argosy_native", _SOURCES, ["-march=native", "-ffast-math"], build_dir())
     if error is not None:
-        log.warning("native ops unavailable (%s); using the Python ops", error)
+        log.warning("native ops unavailable (%s); using the Python ops%s", error, compiler_hint())
         return False
     _register_fakes()
     _state["loaded"] = True
@@ -107,7 +123,7 @@ def load_invariant_ops() -> bool:
         "argosy_invariant", sources, ["-ffp-contract=off", "-fno-fast-math"], build_dir() / "invariant"
     )
     if error is not None:
-        log.warning("invariant kernels unavailable (%s)", error)
+        log.warning("invariant kernels unavailable (%s)%s", error, compiler_hint())
         return False
     _register_invariant_fakes()
     forced = os.environ.get("ARGOSY_KERNEL_PATH")  # e.g. avx2 on an AVX-512 machine: measure it

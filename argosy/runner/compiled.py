@@ -38,7 +38,8 @@ from torch import nn
 from argosy.models.llama import DecoderForCausalLM, DecoderLayer
 from argosy.ops.attention import grouped_decode_attention
 from argosy.ops.memory import release_free_memory
-from argosy.ops.native import load_native_ops
+from argosy.ops.native import compiler_hint, load_native_ops
+from argosy.progress import StatusLine
 
 log = logging.getLogger("argosy.runner")
 
@@ -128,6 +129,10 @@ def compiled_graph_count() -> int:
         return len(_debug_get_cache_entry_list(DecodeGraph.forward.__code__))
     except Exception:  # noqa: BLE001 - an internal API
         return 0
+
+
+class _Stopped(Exception):
+    """The engine shut down while the decode step compiled."""
 
 
 class CompiledDecoder:
@@ -253,34 +258,56 @@ class CompiledDecoder:
             "read torch's compile cache); requests are served meanwhile with eager steps",
             len(row_counts),
         )
+        line = StatusLine(
+            "compiling the decode step for this CPU (first start only; later starts read the cache)"
+        )
         try:
-            for i, count in enumerate(row_counts):
-                if stop is not None and stop.is_set():
-                    log.info("compiling the decode step stopped (the engine is shutting down)")
-                    return False
-                rows, blocks = count, MIN_BLOCKS + i
-                ids = torch.zeros(rows, dtype=torch.long)
-                positions = torch.zeros(rows, dtype=torch.long)
-                cos, sin = self.graph.model.rope(positions, self.graph.model.hidden_dtype or dtype)
-                slots = torch.full((rows,), scratch_block * self.block_size, dtype=torch.long)
-                block_ids = torch.full((rows * blocks,), scratch_block, dtype=torch.long)
-                mask = torch.zeros(rows, 1, 1, blocks * self.block_size, dtype=torch.bool)
-                mask[..., 0] = True
-                self(ids, cos, sin, slots, block_ids, mask, k_all, v_all)
-                # each graph's tracing garbage goes before the next: ~50 MB lower peak RSS
-                gc.collect()
-                release_free_memory()
-                log.info(
-                    "compiled decode graph %d of %d (%d rows) at %.1fs",
-                    i + 1,
-                    len(row_counts),
-                    count,
-                    time.perf_counter() - started,
-                )
+            with line:
+                self._compile_graphs(k_all, v_all, scratch_block, dtype, row_counts, stop, line, started)
+        except _Stopped:
+            log.info("compiling the decode step stopped (the engine is shutting down)")
+            return False
         except Exception as exc:  # noqa: BLE001 - any compiler failure means: stay eager
-            log.warning("torch.compile of the decode step failed (%s); decoding eagerly", exc)
+            log.warning(
+                "torch.compile of the decode step failed (%s); decoding eagerly%s", exc, compiler_hint()
+            )
             return False
         self.warm = True
         attention = "native C++" if self.native else "Python op"
         log.info("decode step compiled in %.1fs (attention: %s)", time.perf_counter() - started, attention)
         return True
+
+    def _compile_graphs(
+        self,
+        k_all: torch.Tensor,
+        v_all: torch.Tensor,
+        scratch_block: int,
+        dtype: torch.dtype,
+        row_counts: list[int],
+        stop: threading.Event | None,
+        line: StatusLine,
+        started: float,
+    ) -> None:
+        for i, count in enumerate(row_counts):
+            line.update(f"graph {i + 1} of {len(row_counts)}, {count} rows")
+            if stop is not None and stop.is_set():
+                raise _Stopped
+            rows, blocks = count, MIN_BLOCKS + i
+            ids = torch.zeros(rows, dtype=torch.long)
+            positions = torch.zeros(rows, dtype=torch.long)
+            cos, sin = self.graph.model.rope(positions, self.graph.model.hidden_dtype or dtype)
+            slots = torch.full((rows,), scratch_block * self.block_size, dtype=torch.long)
+            block_ids = torch.full((rows * blocks,), scratch_block, dtype=torch.long)
+            mask = torch.zeros(rows, 1, 1, blocks * self.block_size, dtype=torch.bool)
+            mask[..., 0] = True
+            self(ids, cos, sin, slots, block_ids, mask, k_all, v_all)
+            # each graph's tracing garbage goes before the next: ~50 MB lower peak RSS
+            gc.collect()
+            release_free_memory()
+            log.info(
+                "compiled decode graph %d of %d (%d rows) at %.1fs",
+                i + 1,
+                len(row_counts),
+                count,
+                time.perf_counter() - started,
+            )

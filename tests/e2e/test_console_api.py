@@ -49,5 +49,55 @@ def test_requests_sessions_fork_and_stats(server: ServerProcess, http: httpx.Cli
     stats = http.get("/v1/argosy/stats?window=600").json()
     assert stats["requests"] >= 2 and stats["refused"] >= 1 and stats["tokens_per_s"] > 0
     assert stats["ttft_s"]["p50"] > 0 and "smollm2-test" in stats["models"]
+    assert http.get("/v1/argosy/stats?window=0").status_code == 400
     page = http.get("/console")
     assert page.status_code == 200 and "<title>Argosy console</title>" in page.text
+
+
+def test_a_listed_request_shows_its_headers_and_bodies_keys_redacted(
+    server: ServerProcess, http: httpx.Client
+) -> None:
+    body = {
+        "model": "smollm2-test",
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "max_tokens": 5,
+        "api_key": "sk-in-the-body",
+    }
+    secret = {"authorization": "Bearer sk-not-for-the-console"}
+    plain = http.post(
+        "/v1/chat/completions", json=body, headers={"x-request-id": "console-detail-1", **secret}
+    )
+    assert plain.status_code == 200
+    detail = http.get("/v1/argosy/requests/console-detail-1").json()
+    assert detail["status"] == 200 and detail["route"] == "POST /v1/chat/completions"
+    request, response = detail["exchange"]["request"], detail["exchange"]["response"]
+    assert request["headers"]["authorization"] == "[redacted]"
+    assert json.loads(request["body"])["messages"][0]["content"] == "Name a colour."
+    assert json.loads(request["body"])["api_key"] == "[redacted]"
+    assert "sk-not-for-the-console" not in json.dumps(detail) and "sk-in-the-body" not in json.dumps(detail)
+    answer = plain.json()["choices"][0]["message"]["content"]
+    assert json.loads(response["body"])["choices"][0]["message"]["content"] == answer
+    assert response["headers"]["content-type"].startswith("application/json") and not response["truncated"]
+
+    with http.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={**body, "stream": True},
+        headers={"x-request-id": "console-detail-2"},
+    ) as stream:
+        streamed = b"".join(stream.iter_bytes())
+    kept = http.get("/v1/argosy/requests/console-detail-2").json()["exchange"]["response"]
+    assert kept["body"].encode() == streamed and kept["body"].rstrip().endswith("data: [DONE]")
+
+    missing = http.get("/v1/argosy/requests/no-such-request")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "request_not_found"
+
+
+def test_stats_history_is_the_servers_own(server: ServerProcess, http: httpx.Client) -> None:
+    history = http.get("/v1/argosy/stats/history").json()
+    assert history["interval_s"] == 5 and history["window_s"] == 60
+    points = history["data"]
+    assert points, "the server samples from its start"  # the first at start-up
+    assert "smollm2-test" in points[-1]["models"] and "ttft_s" in points[-1]
+    assert http.get(f"/v1/argosy/stats/history?since={points[-1]['time']}").json()["data"] == []
+    assert http.get("/v1/argosy/stats/history?since=yesterday").status_code == 400

@@ -73,6 +73,11 @@ def test_a_refused_request_shows_as_a_row_within_a_second(
     )
     detail = page.inner_text("#request-detail")  # type: ignore[attr-defined]
     assert '"error_kind": "unauthorized"' in detail and '"status": 401' in detail
+    # its headers as the server kept them, the key redacted; the refusal's body
+    page.wait_for_function("document.querySelector('#request-detail pre.body') !== null")  # type: ignore[attr-defined]
+    shown = page.inner_text("#request-detail")  # type: ignore[attr-defined]
+    assert "authorization: [redacted]" in shown and "Bearer wrong" not in shown
+    assert "invalid_api_key" in shown
     page.screenshot(path=str(tmp_path_factory.getbasetemp() / "console-requests.png"), full_page=True)  # type: ignore[attr-defined]
 
 
