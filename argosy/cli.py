@@ -194,7 +194,39 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = commands.add_parser("serve", help="serve models over HTTP (OpenAI, Anthropic, Ollama dialects)")
+    _add_server_flags(
+        commands.add_parser("serve", help="serve models over HTTP (OpenAI, Anthropic, Ollama dialects)")
+    )
+    fleet = commands.add_parser(
+        "fleet", help="serve as a fleet on Ray: this head, chat models on N engine nodes (argosy[fleet])"
+    )
+    _add_server_flags(fleet)
+    nodes = fleet.add_argument_group("fleet")
+    nodes.add_argument("--nodes", type=int, default=2, help="engine nodes per chat model (default 2)")
+    nodes.add_argument(
+        "--address",
+        default=None,
+        metavar="RAY_ADDRESS",
+        help="join a running Ray cluster (one node per Ray node, at most --nodes); default: start one here",
+    )
+    nodes.add_argument(
+        "--placement",
+        default="affinity,prefix,least-loaded",
+        help="placement policies in order: affinity, prefix, least-loaded, round-robin (default %(default)s)",
+    )
+    nodes.add_argument(
+        "--node-cpus", type=float, default=None, help="CPUs each node reserves (default: cores / nodes)"
+    )
+    nodes.add_argument(
+        "--node-ip-address",
+        default=None,
+        help="with --address: this head's address on the cluster's network (default: Ray's guess)",
+    )
+    add_client_commands(commands)
+    return parser
+
+
+def _add_server_flags(serve: argparse.ArgumentParser) -> None:
     models = serve.add_argument_group("models")
     models.add_argument(
         "--model",
@@ -225,8 +257,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(serve, EngineConfig, "engine")
     _add_flags(serve, ServerConfig, "server")
     _add_flags(serve, OperatorSampling, "operator sampling defaults")
-    add_client_commands(commands)
-    return parser
 
 
 def _flag_of(param: str | None) -> str:
@@ -394,7 +424,7 @@ def _print_config(engine_config: EngineConfig, server_config: ServerConfig) -> N
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command != "serve":
+    if args.command not in ("serve", "fleet"):
         return client_command(args)
     if args.config is not None:
         from argosy.config_file import apply_config_file
@@ -414,4 +444,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"argosy: model: {spec}", flush=True)
     from argosy.commands.serve import serve
 
+    if args.command == "fleet":
+        return serve(engine_config, server_config, specs, loader=_fleet_loader(parser, args))
     return serve(engine_config, server_config, specs)
+
+
+def _fleet_loader(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    try:
+        import ray  # noqa: F401 - the optional extra
+
+        from argosy.fleet.launch import FleetOptions, fleet_loader
+        from argosy.fleet.placement import parse_placement
+    except ImportError as exc:
+        parser.error(f"argosy fleet needs Ray: pip install 'argosy[fleet]' ({exc})")
+    if args.nodes < 1:
+        parser.error("--nodes: at least 1")
+    try:
+        placement = parse_placement(args.placement)
+    except ArgosyError as exc:
+        parser.error(f"--placement: {exc.message}")
+    options = FleetOptions(args.nodes, args.address, placement, args.node_cpus, args.node_ip_address)
+    return fleet_loader(options)

@@ -5,7 +5,9 @@ the models loaded at start-up serve; 503 with {"status": "loading"} before, {"st
 "failed"} if one of them could not load, {"status": "dead"} if a loaded model's engine loop
 stopped. Models loaded on request do not hold /health back. Once the server is shutting down
 (SIGTERM / SIGINT, argosy/core/drain.py) it answers 503 {"status": "draining", "models",
-"num_in_flight", "grace_left_s"} with Retry-After, whatever the models' state.
+"num_in_flight", "grace_left_s"} with Retry-After, whatever the models' state. A fleet
+(argosy fleet) adds its models' nodes ("nodes": up, in flight, restarts), and answers 503
+{"status": "no_nodes"} + Retry-After while a model has every node down.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from starlette.responses import JSONResponse
 
 from argosy.api.openapi import query
 from argosy.core.drain import Drain
+from argosy.core.engine_client import NodeReport
 from argosy.core.registry import ModelRegistry
 from argosy.core.service import ModelService
 from argosy.errors import InvalidRequestError
@@ -58,7 +61,31 @@ async def health(request: Request) -> JSONResponse:
         }
         return JSONResponse(body, status_code=503, headers={"retry-after": str(drain.retry_after_s())})
     state = server_state(registry, request.app.state.preloaded)
-    return JSONResponse({"status": state, "models": models}, status_code=200 if state == "ok" else 503)
+    answer: dict[str, object] = {"status": state, "models": models}
+    fleet = fleet_nodes(registry)
+    if fleet:
+        answer["nodes"] = {
+            model_id: [
+                {"name": n.name, "up": n.up, "in_flight": n.in_flight, "restarts": n.restarts, "pid": n.pid}
+                for n in nodes
+            ]
+            for model_id, nodes in fleet.items()
+        }
+        if state == "ok" and any(not any(n.up for n in nodes) for nodes in fleet.values()):
+            # a fleet model with every node down: take this head out of rotation until one is back
+            return JSONResponse(
+                {**answer, "status": "no_nodes"}, status_code=503, headers={"retry-after": "2"}
+            )
+    return JSONResponse(answer, status_code=200 if state == "ok" else 503)
+
+
+def fleet_nodes(registry: ModelRegistry) -> dict[str, list[NodeReport]]:
+    """Per loaded fleet model, its nodes (a local model has none)."""
+    found = {}
+    for entry in registry.loaded():
+        if isinstance(entry.service, ModelService) and (nodes := entry.service.nodes()) is not None:
+            found[entry.spec.id] = nodes
+    return found
 
 
 @router.get(

@@ -13,6 +13,7 @@ so an idle engine can wait for a burst's stragglers before its first step.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from argosy.engine.arrivals import Arrival
@@ -38,8 +39,10 @@ class EngineClient(Protocol):
         qos: str = "interactive",
         guide: GuideSpec | None = None,
         arrival: Arrival | None = None,
+        affinity: tuple[str, ...] = (),
     ) -> AsyncIterator[RequestOutput]:
-        """The request's outputs as they come; leaving the iteration early aborts it."""
+        """The request's outputs as they come; leaving the iteration early aborts it.
+        `affinity`: the session it continues (a fleet places it where that session ran)."""
         ...
 
     def abort(self, request_id: str) -> None: ...
@@ -63,3 +66,22 @@ class EngineClient(Protocol):
     def num_in_flight(self) -> int: ...
 
     def shutdown(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """One engine node of a fleet's model, as /health and /metrics show it."""
+
+    name: str
+    up: bool
+    in_flight: int  # this head's requests on it now
+    restarts: int  # times it came back after being seen down
+    placements: dict[str, int]  # placement policy -> requests it placed there
+    pid: int | None
+
+
+@runtime_checkable
+class NodeReporting(Protocol):
+    """An EngineClient whose engine is several nodes (argosy/fleet/client.py)."""
+
+    def report(self) -> list[NodeReport]: ...

@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from argosy.core.events import RequestEvent
 from argosy.core.registry import ModelRegistry
+from argosy.core.service import ModelService
 from argosy.errors import ArgosyError
 
 NONE = "none"
@@ -225,6 +226,39 @@ class EngineCollector(Collector):
         num_loaded.add_metric([], len(self.models.loaded()))
         yield from (running, waiting, queued, kv_usage, queries, hits, preemptions, drafts, accepted)
         yield from (loads, unloads, num_loaded)
+        yield from self._fleet()
+
+    def _fleet(self) -> Iterator[Metric]:
+        """A fleet's nodes per model: up, in flight, restarts, and requests placed per policy."""
+        up = GaugeMetricFamily(
+            "argosy:fleet_node_up", "1 while the fleet node answers.", labels=["model", "node"]
+        )
+        in_flight = GaugeMetricFamily(
+            "argosy:fleet_node_in_flight", "This head's requests on the node now.", labels=["model", "node"]
+        )
+        restarts = CounterMetricFamily(
+            "argosy:fleet_node_restarts",
+            "Times the node came back after being down.",
+            labels=["model", "node"],
+        )
+        placed = CounterMetricFamily(
+            "argosy:fleet_placements",
+            "Requests placed on the node, by the placement policy that chose it.",
+            labels=["model", "node", "policy"],
+        )
+        found = False
+        for entry in self.models.loaded():
+            nodes = entry.service.nodes() if isinstance(entry.service, ModelService) else None
+            for node in nodes or ():
+                found = True
+                labels = [entry.spec.id, node.name]
+                up.add_metric(labels, 1 if node.up else 0)
+                in_flight.add_metric(labels, node.in_flight)
+                restarts.add_metric(labels, node.restarts)
+                for policy, count in sorted(node.placements.items()):
+                    placed.add_metric([*labels, policy], count)
+        if found:
+            yield from (up, in_flight, restarts, placed)
 
 
 class ServerMetrics:

@@ -97,6 +97,12 @@ class SessionSpec:
     session_id: str | None = None
     input_end_seq: int = 0
     keeps_logprobs: bool = False
+    continues: str | None = None  # the session this turn carries on from (a previous response's)
+
+    def affinity(self) -> tuple[str, ...]:
+        """The sessions this generation belongs with: where the one it continues ran, a fleet
+        runs it too (argosy/fleet/placement.py)."""
+        return tuple(key for key in (self.continues, self.session_id) if key)
 
 
 def prompt_spec(prompts: Sequence[list[int]], metadata: dict[str, Any]) -> SessionSpec:

@@ -35,7 +35,7 @@ from argosy.config import ModelSpec, OperatorSampling, ServerConfig
 from argosy.core.admission import AdmissionQueue
 from argosy.core.channels import ChoiceChannels
 from argosy.core.choice import ChoiceState
-from argosy.core.engine_client import EngineClient
+from argosy.core.engine_client import EngineClient, NodeReport, NodeReporting
 from argosy.core.recording import SessionRecorder, new_record
 from argosy.core.stream import CoreRequest, CoreStream
 from argosy.core.token_text import TokenTexts
@@ -241,6 +241,10 @@ class ModelService:
         """(engine counters, requests in flight through the engine client)."""
         engine = self.require_engine()
         return engine.stats(), engine.num_in_flight()
+
+    def nodes(self) -> list[NodeReport] | None:
+        """A fleet model's nodes (None: one local engine)."""
+        return self.client.report() if isinstance(self.client, NodeReporting) else None
 
     async def compile_grammar(self, spec: GrammarSpec, param: str | None) -> None:
         """Compile `spec` where the engine runs (cached there); a 400 naming `param` if it cannot."""

@@ -352,6 +352,7 @@ class CoreStream:
             qos=self.request.qos,
             guide=self.request.guide,
             arrival=self.request.arrival,
+            affinity=self.request.session.affinity() if self.request.session is not None else (),
         )
         try:
             async for out in outputs:

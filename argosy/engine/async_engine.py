@@ -141,8 +141,10 @@ class AsyncEngine:
         qos: str = "interactive",
         guide: GuideSpec | None = None,
         arrival: Arrival | None = None,
+        affinity: tuple[str, ...] = (),
     ) -> AsyncIterator[RequestOutput]:
-        """The request's outputs; `arrival` (from `arriving()`) is marked done once queued."""
+        """The request's outputs; `arrival` (from `arriving()`) is marked done once queued;
+        `affinity` is for a fleet's placement (one engine: nothing to place)."""
         if self.dead_error is not None:
             raise EngineDeadError(f"The engine stopped: {self.dead_error}")
         token_guide: TokenGuide | None = None

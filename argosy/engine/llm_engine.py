@@ -40,6 +40,40 @@ from argosy.sampling_params import SamplingParams
 log = logging.getLogger("argosy.engine")
 
 
+def validate_request(
+    prompt_token_ids: list[int], params: SamplingParams, qos: str, vocab_size: int, max_model_len: int
+) -> None:
+    """Every check of a request that needs no engine state (an engine's, or a fleet head's
+    for its nodes' model); raises typed errors."""
+    n = len(prompt_token_ids)
+    if n == 0:
+        raise InvalidRequestError("The prompt is empty.", param="prompt")
+    bad = [t for t in prompt_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(
+            f"Token id {bad[0]} is out of range for a vocabulary of {vocab_size}.", param="prompt"
+        )
+    if params.logit_bias:
+        bad = [t for t in params.logit_bias if not 0 <= t < vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"logit_bias token id {bad[0]} is out of range for a vocabulary of {vocab_size}.",
+                param="logit_bias",
+            )
+    if qos not in QOS_CLASSES:
+        raise InvalidRequestError(
+            f"Unknown QoS class {qos!r}; use one of {', '.join(QOS_CLASSES)}.", "priority"
+        )
+    requested = params.max_tokens or 1
+    if n + requested > max_model_len:
+        raise ContextLengthExceededError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{n + requested} tokens ({n} in the prompt, {requested} in the completion). "
+            "Please reduce the prompt or the completion length.",
+            param="max_tokens" if n < max_model_len else "prompt",
+        )
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, source: ModelSource | None = None) -> None:
         started = time.perf_counter()
@@ -217,33 +251,7 @@ class LLMEngine:
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, qos: str = "interactive") -> None:
         """Every check that needs no engine state; raises typed errors."""
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise InvalidRequestError("The prompt is empty.", param="prompt")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"Token id {bad[0]} is out of range for a vocabulary of {self.vocab_size}.", param="prompt"
-            )
-        if params.logit_bias:
-            bad = [t for t in params.logit_bias if not 0 <= t < self.vocab_size]
-            if bad:
-                raise InvalidRequestError(
-                    f"logit_bias token id {bad[0]} is out of range for a vocabulary of {self.vocab_size}.",
-                    param="logit_bias",
-                )
-        if qos not in QOS_CLASSES:
-            raise InvalidRequestError(
-                f"Unknown QoS class {qos!r}; use one of {', '.join(QOS_CLASSES)}.", "priority"
-            )
-        requested = params.max_tokens or 1
-        if n + requested > self.max_model_len:
-            raise ContextLengthExceededError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{n + requested} tokens ({n} in the prompt, {requested} in the completion). "
-                "Please reduce the prompt or the completion length.",
-                param="max_tokens" if n < self.max_model_len else "prompt",
-            )
+        validate_request(prompt_token_ids, params, qos, self.vocab_size, self.max_model_len)
 
     def add_request(
         self,

@@ -61,6 +61,7 @@ class ServerProcess:
     quantization: str | None = "none"
     compile: str | None = "off"
     extra_flags: list[str] = field(default_factory=list)
+    command: str = "serve"  # or "fleet" (tests/fleet: inside a loopback-only network namespace)
     # a cold machine builds the native ops and converts the GGUF first (minutes on a slow one)
     startup_timeout_s: float = 600.0
     process: subprocess.Popen[bytes] | None = None
@@ -100,7 +101,7 @@ class ServerProcess:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
         with os.fdopen(handle, "wb") as log_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "argosy", "serve", *self.flags()],
+                [sys.executable, "-m", "argosy", self.command, *self.flags()],
                 cwd=REPO_ROOT,
                 env=env,
                 stdout=log_file,

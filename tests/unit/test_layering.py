@@ -26,6 +26,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "chat": ("api", "core", "engine", "runner"),
     "sessions": ("api", "core", "engine", "runner"),
     "api": ("engine", "runner"),
+    # the fleet is a loader and an EngineClient beside the local ones: below the HTTP edge
+    "fleet": ("api",),
 }
 
 

@@ -143,6 +143,7 @@ class CreateResponseRoute(ModelRoute[ResponsesRequest]):
             metadata=metadata,
             is_ephemeral=not body.store,
             keeps_logprobs=body.includes_logprobs,  # a retrieved response lists them too
+            continues=previous.key if previous is not None else None,
         )
         core_request = turn.prepared.core_request(
             body.sampling(), batch_invariant=body.batch_invariant, session=spec, prompt_param="input"

@@ -1,0 +1,103 @@
+"""Fleet placement (argosy/fleet/placement.py): the policies one by one and chained, on plain
+node views — no Ray."""
+
+from __future__ import annotations
+
+import pytest
+
+from argosy.engine.block_manager import BlockManager, block_key
+from argosy.errors import InvalidRequestError
+from argosy.fleet.placement import (
+    NodeView,
+    NoNodeError,
+    Placer,
+    leading_hits,
+    parse_placement,
+    prompt_block_keys,
+    summary_of,
+)
+
+BS = 4
+
+
+def prompt(length: int, start: int = 0) -> list[int]:
+    return list(range(start, start + length))
+
+
+def cached(*prompts: list[int]) -> frozenset[bytes]:
+    """A node's summary after it ran these prompts: every full block of each cached."""
+    keys: list[bytes] = []
+    for p in prompts:
+        keys += prompt_block_keys([*p, -1], BS)  # (a lookup leaves the last token out)
+    return frozenset(keys)
+
+
+def test_prompt_keys_are_the_block_managers_own() -> None:
+    manager = BlockManager(num_blocks=8, block_size=BS)
+    tokens = prompt(13)
+    parent = None
+    for i in range(3):  # what the manager would file for the first three full blocks
+        parent = block_key(parent, tokens[i * BS : (i + 1) * BS])
+        manager.cached[parent] = i
+    summary = summary_of(manager.cached)
+    keys = prompt_block_keys(tokens, BS)
+    assert len(keys) == 3 and leading_hits(keys, summary) == 3
+    assert manager.probe_cached_prefix(tokens) == 3 * BS  # the same count the node would find
+    assert leading_hits(prompt_block_keys(prompt(13, start=1), BS), summary) == 0
+
+
+def test_affinity_first_while_its_node_is_up() -> None:
+    placer = Placer(["affinity", "least-loaded"], block_size=BS)
+    a, b = NodeView("a", in_flight=5), NodeView("b")
+    placer.remember("session-1", "a")
+    assert placer.place([a, b], prompt(8), ["session-1"]).policy == "affinity"
+    assert placer.place([a, b], prompt(8), ["session-1"]).node == "a"
+    assert placer.place([a, b], prompt(8), ["session-2"]).node == "b"  # unknown: least loaded
+    a.alive = False
+    decision = placer.place([a, b], prompt(8), ["session-1"])
+    assert (decision.node, decision.policy) == ("b", "least-loaded")
+
+
+def test_prefix_goes_where_the_longest_prefix_is_cached() -> None:
+    placer = Placer(["prefix", "least-loaded"], block_size=BS)
+    system = prompt(12)  # three blocks shared by the conversations
+    a = NodeView("a", in_flight=3, cached=cached(system[:8]))  # two of them
+    b = NodeView("b", in_flight=9, cached=cached(system))  # all three
+    c = NodeView("c", in_flight=0)
+    decision = placer.place([a, b, c], [*system, 99, 98, 97, 96, 95])
+    assert (decision.node, decision.policy, decision.prefix_blocks) == ("b", "prefix", 3)
+    # a tie on the prefix goes to the less loaded of the tied
+    a.cached = b.cached
+    assert placer.place([a, b, c], [*system, 1, 2, 3, 4, 5]).node == "a"
+    # nothing cached anywhere: the next policy decides
+    cold = placer.place([a, b, c], prompt(20, start=500))
+    assert (cold.node, cold.policy) == ("c", "least-loaded")
+
+
+def test_least_loaded_spreads_ties_in_turn_and_round_robin_ignores_load() -> None:
+    placer = Placer(["least-loaded"], block_size=BS)
+    nodes = [NodeView("a"), NodeView("b"), NodeView("c", in_flight=1)]
+    assert [placer.place(nodes, prompt(4)).node for _ in range(4)] == ["a", "b", "a", "b"]
+    robin = Placer(["round-robin"], block_size=BS)
+    assert [robin.place(nodes, prompt(4)).node for _ in range(4)] == ["a", "b", "c", "a"]
+
+
+def test_every_node_down_is_a_503_and_bad_names_a_400() -> None:
+    with pytest.raises(NoNodeError) as caught:
+        Placer().place([NodeView("a", alive=False)], prompt(4))
+    assert caught.value.retry_after_s == 2 and caught.value.code == "no_node"
+    with pytest.raises(InvalidRequestError, match="'nearest'"):
+        parse_placement("affinity,nearest")
+    with pytest.raises(InvalidRequestError):
+        parse_placement(" , ")
+    assert parse_placement("prefix, round-robin") == ("prefix", "round-robin")
+
+
+def test_remembered_sessions_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argosy.fleet.placement as placement
+
+    monkeypatch.setattr(placement, "MAX_AFFINITIES", 3)
+    placer = Placer(block_size=BS)
+    for index in range(5):
+        placer.remember(f"s{index}", "a")
+    assert list(placer._affinity) == ["s2", "s3", "s4"]
