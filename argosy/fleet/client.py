@@ -30,7 +30,7 @@ from argosy.engine.llm_engine import validate_request
 from argosy.engine.outputs import EngineStats, ModelDescription, RequestOutput
 from argosy.errors import ArgosyError, EngineDeadError
 from argosy.fleet.node import NodeError, NodeStats
-from argosy.fleet.placement import NodeView, Placer, leading_hits, prompt_block_keys
+from argosy.fleet.placement import NodeView, NoNodeError, Placer, leading_hits, prompt_block_keys
 from argosy.runner.structured import GrammarSpec, GuideSpec
 from argosy.sampling_params import SamplingParams
 
@@ -100,8 +100,12 @@ class FleetEngineClient:
         return self.dead_error is None  # nodes come back (Ray restarts them); none up: 503s
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, qos: str = "interactive") -> None:
+        """The engine's own checks, and a 503 + Retry-After (before any byte is sent) while
+        every node is down."""
         d = self.description
         validate_request(prompt_token_ids, params, qos, d.vocab_size, d.context_length)
+        if not any(node.view.alive for node in self.nodes):
+            raise NoNodeError("Every node of the fleet is down; try again shortly.")
 
     async def compile_grammar(self, spec: GrammarSpec, param: str | None = None) -> None:
         """Checked on one live node (each node compiles it again into its own cache when a
@@ -170,7 +174,7 @@ class FleetEngineClient:
             arrival.done()
         tried: set[str] = set()
         while True:
-            node = self._place(prompt_token_ids, affinity, tried)
+            node = self._place(request_id, prompt_token_ids, affinity, tried)
             started = finished = False
             node.view.in_flight += 1
             self._where[request_id] = node
@@ -203,7 +207,9 @@ class FleetEngineClient:
                         node.actor.abort.remote(request_id)
 
     # -- placement and node states -----------------------------------------------------------
-    def _place(self, prompt_token_ids: list[int], affinity: tuple[str, ...], tried: set[str]) -> FleetNode:
+    def _place(
+        self, request_id: str, prompt_token_ids: list[int], affinity: tuple[str, ...], tried: set[str]
+    ) -> FleetNode:
         views = [n.view for n in self.nodes if n.name not in tried] or [n.view for n in self.nodes]
         decision = self.placer.place(views, prompt_token_ids, affinity)
         node = next(n for n in self.nodes if n.name == decision.node)
@@ -211,7 +217,8 @@ class FleetEngineClient:
         for key in affinity:
             self.placer.remember(key, node.name)
         log.info(
-            "placed on %s by %s (%d of the prompt's blocks cached there)",
+            "%s placed on %s by %s (%d of the prompt's blocks cached there)",
+            request_id,
             node.name,
             decision.policy,
             decision.prefix_blocks,
