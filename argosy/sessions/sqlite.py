@@ -19,7 +19,6 @@ recursively up the chain. Forks therefore never copy and deletion never rewrites
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import sqlite3
@@ -29,51 +28,14 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from argosy.errors import ArgosyError, InvalidRequestError, NotFoundError, StorageError, StorageFullError
+from argosy.errors import ArgosyError, InvalidRequestError, NotFoundError
 from argosy.sessions.events import SessionEvent, decode_event, encode_event
+from argosy.sessions.sqlite_errors import storage_errors
 from argosy.sessions.sqlite_schema import ensure_schema
 from argosy.sessions.store import DEFAULT_TTL_SECONDS, ForkPoint, Session, StoredEvent
 from argosy.sessions.sweeper import Sweeper
-
-# SQLite's primary result codes that say the disk, not the request, is at fault
-_SQLITE_FULL = 13
-_SQLITE_STORAGE_CODES = {
-    3: "permission denied",  # SQLITE_PERM
-    5: "database busy",  # SQLITE_BUSY
-    6: "database locked",  # SQLITE_LOCKED
-    8: "read-only",  # SQLITE_READONLY (a read-only file or file system)
-    10: "disk I/O error",  # SQLITE_IOERR
-    14: "cannot open the database file",  # SQLITE_CANTOPEN
-}
-_R = TypeVar("_R")
-
-
-def _storage_errors(method: Callable[..., _R]) -> Callable[..., _R]:
-    """A store operation whose SQLite failure is the disk's (full, read-only, failing) raises
-    StorageFullError / StorageError naming the store, so the client gets a 507/503 that says
-    storage and the server stays up; it succeeds again once the disk does."""
-
-    @functools.wraps(method)
-    def guarded(self: SqliteSessionStore, *args: Any, **kwargs: Any) -> _R:
-        try:
-            return method(self, *args, **kwargs)
-        except sqlite3.Error as exc:
-            code = getattr(exc, "sqlite_errorcode", None)
-            primary = code & 0xFF if isinstance(code, int) else None
-            if primary == _SQLITE_FULL:
-                raise StorageFullError(
-                    f"The session store is out of disk space ({self.path}: {exc}); nothing was stored."
-                ) from exc
-            if primary in _SQLITE_STORAGE_CODES:
-                raise StorageError(
-                    f"The session store is unavailable: {_SQLITE_STORAGE_CODES[primary]} ({self.path}: {exc})."
-                ) from exc
-            raise
-
-    return guarded
-
 
 _SESSION_COLUMNS = "id, created_at, updated_at, metadata, is_ephemeral, last_seq, parent_id, parent_at"
 _SWEEP_BATCH = 256  # deletions per write transaction, so appends are not held up for long
@@ -157,7 +119,7 @@ class SqliteSessionStore:
 
     # ---- SessionStore ------------------------------------------------------------------
 
-    @_storage_errors
+    @storage_errors
     def create(
         self,
         metadata: Mapping[str, Any] | None = None,
@@ -177,14 +139,14 @@ class SqliteSessionStore:
             _insert_events(conn, session_id, 0, encoded, now)
             return _load_session(conn, session_id)
 
-    @_storage_errors
+    @storage_errors
     def append(self, session_id: str, events: Sequence[SessionEvent]) -> list[int]:
         encoded = [encode_event(event) for event in events]
         with self._write() as conn:
             last_seq = _visible_row(conn, session_id, "last_seq")[0]
             return _insert_events(conn, session_id, last_seq, encoded, self._clock())
 
-    @_storage_errors
+    @storage_errors
     def read(self, session_id: str) -> list[StoredEvent]:
         conn = self._connection()
         conn.execute("BEGIN")  # one snapshot for the check and the history
@@ -198,7 +160,7 @@ class SqliteSessionStore:
             for seq, created_at, kind, payload, owner in rows
         ]
 
-    @_storage_errors
+    @storage_errors
     def get(self, session_id: str) -> Session | None:
         conn = self._connection()
         row = conn.execute(
@@ -206,7 +168,7 @@ class SqliteSessionStore:
         ).fetchone()
         return None if row is None else _session_from_row(row)
 
-    @_storage_errors
+    @storage_errors
     def recent(self, limit: int = 50) -> list[Session]:
         """The most recently updated visible sessions, newest first (the CLI's listing)."""
         rows = self._connection().execute(
@@ -215,7 +177,7 @@ class SqliteSessionStore:
         )
         return [_session_from_row(row) for row in rows]
 
-    @_storage_errors
+    @storage_errors
     def fork(
         self,
         session_id: str,
@@ -244,13 +206,13 @@ class SqliteSessionStore:
             _insert_events(conn, child_id, at, encoded, now)
             return _load_session(conn, child_id)
 
-    @_storage_errors
+    @storage_errors
     def delete(self, session_id: str) -> None:
         with self._write() as conn:
             _visible_row(conn, session_id, "id")
             _delete(conn, session_id, self._clock())
 
-    @_storage_errors
+    @storage_errors
     def sweep(self, now: float | None = None) -> int:
         now = self._clock() if now is None else now
         num_deleted = self._sweep_where(
@@ -285,7 +247,7 @@ class SqliteSessionStore:
             self._sweeper.start()
         return self._sweeper
 
-    @_storage_errors
+    @storage_errors
     def total_bytes(self) -> int:
         """Stored event payload bytes, hidden sessions' kept events included."""
         (num_bytes,) = (
