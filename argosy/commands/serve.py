@@ -84,9 +84,18 @@ def serve(
         log.error("cannot open the session store in %s: %s", data_dir, exc)
         return 1
     log.info("sessions stored in %s", data_dir)
+    model_loader = (loader or LocalModelLoader)(engine_config, server_config, sessions)
+    prepare = getattr(model_loader, "prepare", None)  # a fleet's loader starts Ray here
+    if prepare is not None:
+        try:
+            prepare()
+        except Exception as exc:  # noqa: BLE001 - cannot serve: say why and stop
+            log.error("cannot start the fleet: %s", exc)
+            sessions.close()
+            return 1
     registry = ModelRegistry(
         specs,
-        (loader or LocalModelLoader)(engine_config, server_config, sessions),
+        model_loader,
         max_loaded_models=server_config.max_loaded_models,
         max_loaded_memory=server_config.max_loaded_memory,
         max_concurrent_loads=server_config.max_concurrent_loads,
@@ -134,6 +143,9 @@ def serve(
         server.run()
     finally:
         registry.shutdown()
+        close = getattr(model_loader, "close", None)  # a fleet's loader stops the Ray it started
+        if close is not None:
+            close()
         sessions.close()  # after the last generation committed its events
     return 1 if failed else 0
 

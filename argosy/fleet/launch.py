@@ -43,16 +43,17 @@ class FleetOptions:
     node_ip_address: str | None = None  # this head's address on the cluster's network (--address)
 
 
-def start_ray(options: FleetOptions) -> None:
+def start_ray(options: FleetOptions) -> bool:
+    """Ray for this fleet; True when this process started a local instance (it stops it)."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if options.address is not None:
         ray.init(address=options.address, log_to_driver=True, _node_ip_address=options.node_ip_address)
         log.info("joined the Ray cluster at %s: %d nodes", options.address, len(alive_ray_nodes()))
-        return
+        return False
     cpus = max(os.cpu_count() or 1, int(options.nodes * (options.node_cpus or 1) + 0.999))
     # a short folder: Ray's socket paths must fit 107 bytes
     temp_dir = tempfile.mkdtemp(prefix="argosy-ray-", dir="/tmp")
@@ -64,6 +65,7 @@ def start_ray(options: FleetOptions) -> None:
         log_to_driver=True,
     )
     log.info("started a local Ray instance (%d CPUs, %s)", cpus, temp_dir)
+    return True
 
 
 def alive_ray_nodes() -> list[dict[str, Any]]:
@@ -87,13 +89,30 @@ class FleetModelLoader:
         self.server_config = server_config
         self.sessions = sessions
         self.local = LocalModelLoader(engine_config, server_config, sessions)
+        self.owns_ray = False  # started a local Ray instance: stopped by close()
+
+    def prepare(self) -> None:
+        """Start (or join) Ray now, on the main thread before the HTTP server: Ray's native
+        layer installs its own SIGTERM / SIGINT handlers when it starts, and the server's
+        (its drain, then a normal exit that stops Ray) must be installed after them."""
+        self.owns_ray = start_ray(self.options) or self.owns_ray
+
+    def close(self) -> None:
+        """After the registry shut its models down: stop the local Ray instance this process
+        started (its GCS, raylet and workers); a joined cluster is left running."""
+        if self.owns_ray:
+            import ray
+
+            ray.shutdown()
+            self.owns_ray = False
+            log.info("stopped the local Ray instance")
 
     def __call__(self, spec: ModelSpec) -> LoadedModel:
         if spec.kind != "chat":
             return self.local(spec)
         import ray
 
-        start_ray(self.options)
+        self.owns_ray = start_ray(self.options) or self.owns_ray
         config = spec.engine_config(self.engine_config)
         node_cpus = self.options.node_cpus or max(1.0, (os.cpu_count() or 1) / self.options.nodes)
         if config.num_threads is None:

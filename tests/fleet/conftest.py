@@ -4,6 +4,7 @@ there), and refuse to run where any other network interface exists."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,13 +37,32 @@ def mode(**options: object) -> dict[str, object]:
     return {"quantization": None, "compile": "off", "threads": 1, "startup_timeout_s": 900, **options}
 
 
-@pytest.fixture(scope="session")
+def ray_processes() -> list[str]:
+    """Ray's daemons running in this (private) PID namespace."""
+    names = []
+    for status in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            name = status.read_text().strip()
+        except OSError:
+            continue
+        if name in ("raylet", "gcs_server") or name.startswith("ray::"):
+            names.append(name)
+    return names
+
+
+@pytest.fixture(scope="module")
 def fleet() -> Iterator[ServerProcess]:
     server = ServerProcess(command="fleet", extra_flags=["--nodes", "2"], **mode()).start()  # type: ignore[arg-type]
     try:
         yield server
     finally:
         server.stop()
+    # a head stopped by SIGTERM drains, exits 0 and stops the Ray instance it started
+    assert server.process is not None and server.process.returncode == 0, server.log_text()[-3000:]
+    deadline = time.monotonic() + 15
+    while ray_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ray_processes() == []
 
 
 @pytest.fixture(scope="session")

@@ -48,7 +48,7 @@ def test_prompt_keys_are_the_block_managers_own() -> None:
 
 def test_affinity_first_while_its_node_is_up() -> None:
     placer = Placer(["affinity", "least-loaded"], block_size=BS)
-    a, b = NodeView("a", in_flight=5), NodeView("b")
+    a, b = NodeView("a", in_flight=2), NodeView("b")
     placer.remember("session-1", "a")
     assert placer.place([a, b], prompt(8), ["session-1"]).policy == "affinity"
     assert placer.place([a, b], prompt(8), ["session-1"]).node == "a"
@@ -62,7 +62,7 @@ def test_prefix_goes_where_the_longest_prefix_is_cached() -> None:
     placer = Placer(["prefix", "least-loaded"], block_size=BS)
     system = prompt(12)  # three blocks shared by the conversations
     a = NodeView("a", in_flight=3, cached=cached(system[:8]))  # two of them
-    b = NodeView("b", in_flight=9, cached=cached(system))  # all three
+    b = NodeView("b", in_flight=5, cached=cached(system))  # all three
     c = NodeView("c", in_flight=0)
     decision = placer.place([a, b, c], [*system, 99, 98, 97, 96, 95])
     assert (decision.node, decision.policy, decision.prefix_blocks) == ("b", "prefix", 3)
@@ -101,3 +101,23 @@ def test_remembered_sessions_are_bounded(monkeypatch: pytest.MonkeyPatch) -> Non
     for index in range(5):
         placer.remember(f"s{index}", "a")
     assert list(placer._affinity) == ["s2", "s3", "s4"]
+
+
+def test_locality_is_bounded_by_load_and_a_prefix_everyone_holds_tells_nothing() -> None:
+    placer = Placer(["affinity", "prefix", "least-loaded"], block_size=BS)
+    system = prompt(12)
+    hot = NodeView("hot", in_flight=8, cached=cached(system))  # mean 3: bound 1.5 * 3 + 1 = 5.5
+    cold = [NodeView("a", in_flight=1), NodeView("b", in_flight=0)]
+    placer.remember("s", "hot")
+    decision = placer.place([hot, *cold], [*system, 1, 2, 3], ["s"])
+    assert (decision.node, decision.policy) == ("b", "least-loaded")  # neither affinity nor prefix
+    hot.in_flight = 3  # within the bound again (1.5 * 4 / 3 + 1 = 3): both locality policies choose it
+    assert placer.place([hot, *cold], [*system, 1, 2, 3], ["s"]).policy == "affinity"
+    assert placer.place([hot, *cold], [*system, 1, 2, 3]).policy == "prefix"
+    # the same template opening cached on every node: no information, the load decides
+    for node in cold:
+        node.cached = hot.cached
+    assert placer.place([hot, *cold], [*system, 1, 2, 3]).policy == "least-loaded"
+    assert (
+        Placer(["prefix"], block_size=BS, load_bound=None).place([hot], [*system, 1]).policy == "least-loaded"
+    )
