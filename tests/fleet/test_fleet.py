@@ -132,7 +132,9 @@ def stream_chat(server: ServerProcess, prompt: str, first: threading.Event, resu
         for line in response.iter_lines():
             if line.startswith("data: "):
                 frames.append(line[6:] if line[6:] == "[DONE]" else json.loads(line[6:]))
-                first.set()
+                choices = frames[-1].get("choices") if isinstance(frames[-1], dict) else None
+                if choices and choices[0].get("delta", {}).get("content"):
+                    first.set()  # tokens are flowing (a request not started yet would be re-placed)
     result["frames"] = frames
 
 
