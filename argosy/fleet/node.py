@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +49,15 @@ class NodeStats:
 
 class EngineNode:
     def __init__(self, name: str, config: EngineConfig) -> None:
+        from argosy.commands.serve import SWITCH_INTERVAL_S
         from argosy.engine.async_engine import AsyncEngine
         from argosy.engine.llm_engine import LLMEngine
         from argosy.process import configure_process
 
         configure_process(config)
+        # as in `argosy serve`: the engine thread must get the GIL back quickly between kernels
+        # (Ray's threads and this actor's event loop share it)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.name = name
         self.engine = AsyncEngine(lambda: LLMEngine(config))
         self.block_size = config.block_size
