@@ -159,9 +159,13 @@ def test_parallel_calls_get_consecutive_indexes_and_length_when_cut(client: open
         logit_bias={str(EOS): -100},
     )
 
+    # three 400-token requests at once, twice: on a CPU without bf16 compute (float32 weights,
+    # one thread) under a busy CI that is minutes, past the suite client's 120 s
+    patient = client.with_options(timeout=600)
+
     def ask(seed: int) -> tuple[Any, tuple[list[dict[str, Any]], str | None]]:
-        whole = client.chat.completions.create(seed=seed, **request)
-        streamed = streamed_calls(client, is_content_allowed=True, seed=seed, **request)
+        whole = patient.chat.completions.create(seed=seed, **request)
+        streamed = streamed_calls(patient, is_content_allowed=True, seed=seed, **request)
         return whole, streamed  # streamed_calls asserts the indexes are 0, 1, ...
 
     for response, (streamed, finish) in for_seeds(ask, range(3)):
