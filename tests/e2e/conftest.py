@@ -9,14 +9,15 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.server import ServerProcess
+from tests.e2e.server import FULL_CONTEXT_KV, ServerProcess
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[ServerProcess]:
-    process = ServerProcess(served_model_name="smollm2-test").start()
+    # the e2e tests assume the model's whole context (8,192 tokens) fits the KV pool
+    process = ServerProcess(served_model_name="smollm2-test", kv_cache_memory=FULL_CONTEXT_KV).start()
     try:
         yield process
     finally:

@@ -23,7 +23,15 @@ from typing import Any
 
 import httpx
 
+from argosy.models.build import resolve_dtype
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# a float model's `dtype auto`: bfloat16 where the CPU computes it (AVX-512 bf16, AMX), else
+# float32 (an AVX2-only CPU) — whose KV cache takes twice the bytes per token
+AUTO_FLOAT = str(resolve_dtype("auto", "cpu")).removeprefix("torch.")
+# the KV pool that holds the default model's whole 8,192-token context in that dtype
+FULL_CONTEXT_KV = "192M" if AUTO_FLOAT == "bfloat16" else "384M"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

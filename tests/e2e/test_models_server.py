@@ -22,12 +22,8 @@ import numpy as np
 import openai
 import pytest
 
-from argosy.models.build import resolve_dtype
-from tests.e2e.server import ServerProcess, wait_compiled
+from tests.e2e.server import AUTO_FLOAT, ServerProcess, wait_compiled
 from tests.e2e.server import models_server as start_models_server
-
-# a float model's dtype auto: bfloat16 where the CPU computes it (AVX-512 bf16, AMX), else float32
-AUTO_FLOAT = str(resolve_dtype("auto", "cpu")).removeprefix("torch.")
 
 # "What is the capital of France?" is a near tie on the default (invariant, Q4 + int8
 # activations) model: see tests/e2e/test_default_mode_server.py

@@ -17,6 +17,8 @@ import concurrent.futures
 import openai
 import pytest
 
+from tests.e2e.server import AUTO_FLOAT
+
 # long enough that a repeat is a prefix-cache hit of all but its last token
 PROMPT = (
     "You are helping a sailor. The sailor owns a small wooden boat with a red sail, two oars and a "
@@ -25,8 +27,11 @@ PROMPT = (
 )
 SEEDED = {"messages": [{"role": "user", "content": PROMPT}], "temperature": 0.9, "seed": 7, "max_tokens": 32}
 NEIGHBOURS = [f"Write one sentence about the number {i}." for i in range(6)]
+# strict where the weights are bf16 (measured there: the hit's text differs); float32 weights
+# (a CPU without bf16 compute) round 2^16 times finer, and on this prompt the texts held
+# (AVX2-only EPYC, 2026-12-02) — not promised, so not strict there
 CACHE_HIT_XFAIL = pytest.mark.xfail(
-    strict=True,
+    strict=AUTO_FLOAT == "bfloat16",
     reason="numerics fast: a prefix-cache hit runs the prompt's uncached tail through kernels whose "
     "rounding depends on the row count, so the seeded text changes",
 )
