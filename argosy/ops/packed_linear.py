@@ -13,6 +13,7 @@ op's own layer cost ~30-100 us a call, 121 calls a decode step.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 
@@ -36,7 +37,24 @@ def _(x, key, out_features, bias):  # type: ignore[no-untyped-def]
 
 
 def packing_supported(dtype: torch.dtype, device: str) -> bool:
-    return device == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+    return (
+        device == "cpu"
+        and dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+        and _bf16_packing_runs()
+    )
+
+
+@functools.cache
+def _bf16_packing_runs() -> bool:
+    """oneDNN's bf16 weight reorder needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT: on an
+    AVX2-only CPU it raises (found on an AMD EPYC with AVX2 only), so a bf16 model there
+    keeps plain linears instead of failing to load."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 # oneDNN picks the packed layout for this many rows; the layout then serves any row count.
