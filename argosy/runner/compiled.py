@@ -263,7 +263,29 @@ class CompiledDecoder:
         )
         try:
             with line:
-                self._compile_graphs(k_all, v_all, scratch_block, dtype, row_counts, stop, line, started)
+                for i, count in enumerate(row_counts):
+                    line.update(f"graph {i + 1} of {len(row_counts)}, {count} rows")
+                    if stop is not None and stop.is_set():
+                        raise _Stopped
+                    rows, blocks = count, MIN_BLOCKS + i
+                    ids = torch.zeros(rows, dtype=torch.long)
+                    positions = torch.zeros(rows, dtype=torch.long)
+                    cos, sin = self.graph.model.rope(positions, self.graph.model.hidden_dtype or dtype)
+                    slots = torch.full((rows,), scratch_block * self.block_size, dtype=torch.long)
+                    block_ids = torch.full((rows * blocks,), scratch_block, dtype=torch.long)
+                    mask = torch.zeros(rows, 1, 1, blocks * self.block_size, dtype=torch.bool)
+                    mask[..., 0] = True
+                    self(ids, cos, sin, slots, block_ids, mask, k_all, v_all)
+                    # each graph's tracing garbage goes before the next: ~50 MB lower peak RSS
+                    gc.collect()
+                    release_free_memory()
+                    log.info(
+                        "compiled decode graph %d of %d (%d rows) at %.1fs",
+                        i + 1,
+                        len(row_counts),
+                        count,
+                        time.perf_counter() - started,
+                    )
         except _Stopped:
             log.info("compiling the decode step stopped (the engine is shutting down)")
             return False
@@ -276,38 +298,3 @@ class CompiledDecoder:
         attention = "native C++" if self.native else "Python op"
         log.info("decode step compiled in %.1fs (attention: %s)", time.perf_counter() - started, attention)
         return True
-
-    def _compile_graphs(
-        self,
-        k_all: torch.Tensor,
-        v_all: torch.Tensor,
-        scratch_block: int,
-        dtype: torch.dtype,
-        row_counts: list[int],
-        stop: threading.Event | None,
-        line: StatusLine,
-        started: float,
-    ) -> None:
-        for i, count in enumerate(row_counts):
-            line.update(f"graph {i + 1} of {len(row_counts)}, {count} rows")
-            if stop is not None and stop.is_set():
-                raise _Stopped
-            rows, blocks = count, MIN_BLOCKS + i
-            ids = torch.zeros(rows, dtype=torch.long)
-            positions = torch.zeros(rows, dtype=torch.long)
-            cos, sin = self.graph.model.rope(positions, self.graph.model.hidden_dtype or dtype)
-            slots = torch.full((rows,), scratch_block * self.block_size, dtype=torch.long)
-            block_ids = torch.full((rows * blocks,), scratch_block, dtype=torch.long)
-            mask = torch.zeros(rows, 1, 1, blocks * self.block_size, dtype=torch.bool)
-            mask[..., 0] = True
-            self(ids, cos, sin, slots, block_ids, mask, k_all, v_all)
-            # each graph's tracing garbage goes before the next: ~50 MB lower peak RSS
-            gc.collect()
-            release_free_memory()
-            log.info(
-                "compiled decode graph %d of %d (%d rows) at %.1fs",
-                i + 1,
-                len(row_counts),
-                count,
-                time.perf_counter() - started,
-            )
