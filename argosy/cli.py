@@ -26,6 +26,7 @@ from argosy.commands.cli import EXAMPLES, add_client_commands, client_command
 from argosy.config import EngineConfig, ModelSpec, OperatorSampling, ServerConfig
 from argosy.core.keys import key_ring
 from argosy.errors import ArgosyError
+from argosy.ops.devices import resolve_device
 
 log = logging.getLogger("argosy")
 
@@ -85,7 +86,9 @@ _HELP = {
     "console_body_bytes": "bytes of each listed request's and response's body the console can show (default 32K; 0: none)",
     "shutdown_grace": "on SIGTERM / SIGINT, how long in-flight requests may run on before they are aborted (default 30s)",
     "keep_alive": "unload a model idle this long (suffixes as for --session-ttl); default: never",
-    "dtype": "auto | bfloat16 | float32 | float16 (auto: bf16 where the CPU has it)",
+    "dtype": "auto | bfloat16 | float32 | float16 (auto: bf16 on CUDA and where the CPU has it)",
+    "device": "cpu | cuda | cuda:N | auto (CUDA where torch sees a GPU, else the CPU)",
+    "gpu_memory_fraction": "on CUDA, the share of GPU memory the engine may hold; the KV cache takes what weights and activations leave (default 0.85)",
     "quantization": "weight-only: none | int4 (a GGUF's own Q4_0/Q4_1 blocks) | int8 | auto (int4 where the file has them)",
     "max_model_len": "context length (default: the model's, capped by the KV cache)",
     "kv_cache_memory": "bytes for the KV cache (default 192M); suffixes K, M, G, T (binary), e.g. 512M, 2G",
@@ -282,6 +285,7 @@ def configs_from_args(
         key_ring(server_config.api_key, server_config.api_key_file, server_config.api_keys)
         for spec in specs:
             check_source(spec.source)
+        resolve_device(engine_config.device)  # a device that is not here: one line, before anything loads
         if server_config.served_model_name not in (None, specs[0].id):  # the same name: nothing to alias
             specs[0] = dataclasses.replace(
                 specs[0], id=server_config.served_model_name, aliases=(*specs[0].aliases, specs[0].id)

@@ -9,6 +9,7 @@ import ipaddress
 from dataclasses import dataclass, field, replace
 
 from argosy.errors import InvalidRequestError
+from argosy.ops.devices import check_device_name
 
 QOS_CLASSES = ("interactive", "background", "inline")
 
@@ -19,7 +20,12 @@ class EngineConfig:
     dtype: str = "auto"  # auto | bfloat16 | float32 | float16
     # auto: int4 from a GGUF's own Q4 blocks where the file has them, else the float weights
     quantization: str = "auto"  # auto | none | int4 | int8
+    # cpu | cuda | cuda:N | auto (CUDA where torch sees a GPU, else the CPU). On CUDA the layers
+    # are Triton kernels (ops/gpu_layers.py) and the KV cache is sized from free GPU memory
     device: str = "cpu"
+    # on CUDA: the share of the GPU's memory this engine may hold (weights, activations and
+    # the KV cache, which takes what the other two leave); --kv-cache-memory is the CPU's
+    gpu_memory_fraction: float = 0.85
     # on | wait | off: torch.compile the decode step. on: in the background, at low priority,
     # while steps run eagerly; the engine switches to the graphs between steps once they are all
     # built (the same tokens: the invariant mode's compiled step gives the eager step's bits).
@@ -80,6 +86,12 @@ class EngineConfig:
         if self.numerics not in ("auto", "fast", "invariant"):
             raise InvalidRequestError(
                 f"numerics must be auto, fast or invariant, got {self.numerics!r}", "numerics"
+            )
+        check_device_name(self.device)
+        if not 0.0 < self.gpu_memory_fraction <= 1.0:
+            raise InvalidRequestError(
+                f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}",
+                "gpu_memory_fraction",
             )
         if self.native_ops not in ("off", "on"):
             raise InvalidRequestError(f"native_ops must be off or on, got {self.native_ops!r}", "native_ops")

@@ -20,6 +20,15 @@ _STARTED = time.monotonic()
 # fleet-test` (part of `make test`) runs them there and sets this; a plain pytest skips them
 collect_ignore = [] if os.environ.get("ARGOSY_FLEET_NETNS") == "1" else ["fleet"]
 
+# Without a GPU, the CUDA path's Triton kernels run on the CPU through Triton's interpreter
+# (tests/unit/test_gpu_layers.py). It is chosen when triton is first imported, so here, before
+# any test module can import it; on a machine with CUDA the kernels compile for the GPU.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     budget = float(os.environ.get("ARGOSY_TEST_BUDGET_S", "0") or 0)

@@ -29,6 +29,7 @@ from argosy.models.build import (
 )
 from argosy.models.gguf_config import GGUF_TENSOR_TYPES_KEY, tensor_formats
 from argosy.models.source import ModelSource
+from argosy.ops.devices import activation_reserve, gpu_kv_cache_bytes, resolve_device
 from argosy.ops.memory import release_free_memory
 from argosy.ops.native import native_ops_path
 from argosy.runner.compiled import compiled_graph_count
@@ -83,13 +84,14 @@ class LLMEngine:
 
             source = resolve_model(config.model, config.cache_dir)
         self.source = source
+        self.device = resolve_device(config.device)
         self.invariant, self.dtype = resolve_numerics(
-            config.numerics, config.dtype, config.device, config.quantization, source
+            config.numerics, config.dtype, self.device, config.quantization, source
         )
         self.model = load_model(
             self.source,
             self.dtype,
-            config.device,
+            self.device,
             config.quantization,
             pack=config.compile == "on",
             invariant=self.invariant,
@@ -98,7 +100,19 @@ class LLMEngine:
         per_block = kv_bytes_per_block(
             cfg.num_layers, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype
         )
-        self.num_blocks = max(2, config.kv_cache_memory // per_block)
+        kv_bytes = config.kv_cache_memory
+        if self.device.startswith("cuda"):  # what weights and activations leave of the GPU's share
+            reserve = activation_reserve(
+                config.max_num_batched_tokens,
+                config.max_num_seqs,
+                cfg.hidden_size,
+                cfg.intermediate_size,
+                cfg.vocab_size,
+            )
+            kv_bytes = gpu_kv_cache_bytes(
+                self.device, config.gpu_memory_fraction, reserve, per_block, source.name
+            )
+        self.num_blocks = max(2, kv_bytes // per_block)
         capacity = self.num_blocks * config.block_size
         self.max_model_len = min(config.max_model_len or self.source.context_length, capacity)
         self.vocab_size = cfg.vocab_size
@@ -128,11 +142,17 @@ class LLMEngine:
             self.dtype,
             cfg.vocab_size,
             config.seed,
-            config.device,
+            self.device,
             invariant=self.invariant,
+            max_model_len=self.max_model_len,
         )
-        # graphs: one row; up to max_int4_rows; above (BatchSwitchLinear's branch)
+        # the CUDA layers give every row alike whatever its batch (ops/triton_kernels.py)
+        self.deterministic = self.invariant or self.device.startswith("cuda")
+        # graphs: one row; up to max_int4_rows; above (BatchSwitchLinear's branch). On CUDA:
+        # a captured graph per power of two up to every running request's row
         row_counts = [1, 2, 3, max_int4_rows(self.dtype, self.invariant) + 1]
+        if self.device.startswith("cuda"):
+            row_counts = [config.max_num_seqs]
         self.compile_status = "off"
         self._compile_thread: threading.Thread | None = None
         self._stop_compiling = threading.Event()
@@ -140,6 +160,8 @@ class LLMEngine:
         if compile_mode != "off" and not getattr(self.model, "supports_compiled_decode", True):
             log.info("compiled decode: not built for %s; decode steps run eagerly", self.source.architecture)
             compile_mode = "off"
+        if compile_mode == "on" and self.device.startswith("cuda"):
+            compile_mode = "wait"  # capturing takes seconds, and must not race the steps' launches
         if compile_mode == "wait":
             self.compile_status = "ready" if self.runner.compile_decode(row_counts) else "failed"
         elif compile_mode == "on":
@@ -236,8 +258,8 @@ class LLMEngine:
             weights=self.weights,
             compiled_decode=self.config.compile != "off",  # asked for (live: stats().compile_status)
             memory_bytes=model_memory_bytes(self.model) + kv_bytes,
-            kernels=native_ops_path(self.invariant),
-            deterministic=self.invariant,
+            kernels="triton-cuda" if self.device.startswith("cuda") else native_ops_path(self.invariant),
+            deterministic=self.deterministic,
             tensor_formats=tensor_formats(source.hf_config.get(GGUF_TENSOR_TYPES_KEY)),
         )
 
@@ -264,7 +286,7 @@ class LLMEngine:
         if request_id in self.sequences:
             raise InvalidRequestError(f"Request id {request_id!r} is already in flight.")
         self.validate(prompt_token_ids, params, qos)
-        if params.batch_invariant and self.invariant:  # every request already is: no need to run alone
+        if params.batch_invariant and self.deterministic:  # every request already is: no need to run alone
             params = dataclasses.replace(params, batch_invariant=False)
         seq = Sequence(request_id, list(prompt_token_ids), params, qos=qos, guide=guide)
         if params.prompt_logprobs is not None:

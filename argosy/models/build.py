@@ -18,11 +18,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from argosy.errors import ModelLoadError
+from argosy.models.device_kernels import DEVICE_KERNELS
 from argosy.models.gguf_quant import BLOCKS_FILE, INT4_FILE
 from argosy.models.llama import DecoderForCausalLM, RMSNorm
 from argosy.models.quantize import apply_blocks, apply_int4, apply_int8, apply_int8_head, block_codes_of
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
+from argosy.ops.devices import out_of_memory
 from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
 from argosy.ops.quantized_linear import (
     BatchSwitchLinear,
@@ -75,7 +77,7 @@ def resolve_numerics(
     invariant mode computes in int8 and float32 and stores bfloat16 (no bf16 arithmetic),
     so dtype auto is bfloat16 for it on any CPU."""
     dtype = resolve_dtype(dtype_name, device)
-    if numerics == "fast":
+    if numerics == "fast" or device.startswith("cuda"):  # CUDA's layers are invariant as they are
         return False, dtype
     storage = torch.bfloat16 if dtype_name == "auto" and device == "cpu" else dtype
     why = invariant_unavailable(storage, device, quantization)
@@ -140,6 +142,16 @@ def load_model(
                     yield name, f.get_tensor(name)
 
     model.load_weights(weights())
+    swap = DEVICE_KERNELS.get(torch.device(device).type)
+    if swap is not None:  # the device's own layers, swapped on the host, then moved
+        count = swap(model.eval(), source, quantization)
+        log.info(
+            "%s kernels: %d Q4 projections, the rest %s", device, count, str(dtype).removeprefix("torch.")
+        )
+        try:
+            return model.to(device=device)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise out_of_memory(source.name, device, model_memory_bytes(model)) from exc
     model = model.to(device=device, dtype=dtype).eval()
     pack = pack and packing_supported(dtype, device)
     if invariant and (why := invariant_unavailable(dtype, device, quantization)) is not None:
@@ -283,6 +295,11 @@ def _quantize(
 def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
     """How the projections are held, for /v1/models and the start-up log."""
     kinds = {type(m) for m in model.modules()}
+    gpu = {kind.__name__ for kind in kinds} & {"TritonLinear", "TritonQ4Linear"}
+    if gpu:  # the CUDA layers (models/device_kernels.py)
+        floats = str(dtype).removeprefix("torch.")
+        q4 = "int4 (GGUF Q4 blocks), the rest " if "TritonQ4Linear" in gpu else ""
+        return f"{q4}{floats} (Triton kernels, fixed reduction order)"
     float_kind = str(dtype).removeprefix("torch.") + (" (oneDNN-packed)" if PackedLinear in kinds else "")
     head = model.lm_head
     int8_head = isinstance(head, Int8Linear) or (

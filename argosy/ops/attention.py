@@ -2,8 +2,9 @@
 
 The flattened batch holds decode tokens first (one per sequence), then prefill chunks.
 `AttentionMetadata` is built once per step by the model runner and passed explicitly to
-every layer (no globals). `CpuPagedAttention` is the CPU backend; a CUDA backend plugs in
-behind the same `forward(q, k, v, k_cache, v_cache, meta)` seam.
+every layer (no globals). `CpuPagedAttention` is the CPU backend; the CUDA one
+(ops/gpu_layers.py, Triton) plugs in behind the same `forward(q, k, v, k_cache, v_cache, meta)`
+seam.
 
 KV cache layout per layer: [num_blocks * block_size, num_kv_heads, head_dim] ("slots").
 """
@@ -108,6 +109,7 @@ class AttentionMetadata:
     decode_max_context: int = 0  # max_blocks * block_size
     block_size: int = 16
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, max_context] bool: attend
+    decode_lens: torch.Tensor | None = None  # [num_decodes] context length of each row (long)
     invariant: bool = False  # decode rows through the invariant kernel (--numerics invariant)
     prefills: list[PrefillChunk] = field(default_factory=list)
     context_batch: ContextBatch | None = None  # all prefill chunks as one padded batch
@@ -149,6 +151,7 @@ class AttentionMetadata:
             decode_max_context=self.decode_max_context,
             block_size=self.block_size,
             decode_mask=move(self.decode_mask),
+            decode_lens=move(self.decode_lens),
             invariant=self.invariant,
             window=self.window,
             context_batch=None if self.context_batch is None else self.context_batch.to(device),

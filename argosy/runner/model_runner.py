@@ -21,6 +21,7 @@ from argosy.engine.sequence import Sequence
 from argosy.models.llama import DecoderForCausalLM
 from argosy.ops.attention import AttentionMetadata, ContextBatch, PrefillChunk, per_row_attention_available
 from argosy.runner.compiled import MIN_BLOCKS, CompiledDecoder
+from argosy.runner.cuda_graphs import CudaGraphDecoder, buckets_up_to
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
 from argosy.runner.spec_decode import Verified, verify_batch
 
@@ -76,8 +77,10 @@ class ModelRunner:
         seed: int = 0,
         device: torch.device | str = "cpu",
         invariant: bool = False,
+        max_model_len: int | None = None,
     ) -> None:
         self.model = model
+        self.max_model_len = max_model_len or num_blocks * block_size
         self.invariant = invariant
         self.block_size = block_size
         self.dtype = dtype
@@ -86,10 +89,14 @@ class ModelRunner:
         # every token attends as a decode row (its own context up to itself) through the one
         # native kernel: a token's attention is then the same whatever chunk, cache hit or
         # batch it comes in (the invariant mode; ops/attention.py)
-        self.per_row_attention = invariant and self.device.type == "cpu" and per_row_attention_available()
+        # (the CUDA backend, ops/gpu_layers.py, takes every token as a row too: one kernel)
+        backend = getattr(getattr(model.layers[0], "self_attn", None), "backend", None)
+        self.per_row_attention = getattr(backend, "per_row", False) or (
+            invariant and self.device.type == "cpu" and per_row_attention_available()
+        )
         # that kernel's KV cache is float16, as llama.cpp's (3 more mantissa bits than bf16,
         # the same bytes); its queries and output float32
-        self.kv_dtype = torch.float16 if self.per_row_attention else dtype
+        self.kv_dtype = torch.float16 if self.per_row_attention and invariant else dtype
         # one extra block at the end: scratch space for compile warm-up rows and padded tables
         self.scratch_block = num_blocks
         shape = (cfg.num_layers, (num_blocks + 1) * block_size, cfg.num_kv_heads, cfg.head_dim)
@@ -98,6 +105,7 @@ class ModelRunner:
         self.v_all = _zeros(shape, self.kv_dtype, self.device)
         self.kv_caches = [(self.k_all[i], self.v_all[i]) for i in range(cfg.num_layers)]
         self.compiled: CompiledDecoder | None = None
+        self.graphs: CudaGraphDecoder | None = None  # on CUDA, in place of the compiled step
         self.num_compiled_steps = 0
         self.sampler = Sampler(vocab_size, torch.Generator().manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
@@ -105,7 +113,16 @@ class ModelRunner:
     def compile_decode(self, row_counts: list[int], stop: threading.Event | None = None) -> bool:
         """Compile the decode step for batches of these sizes (and all sizes that share their
         graphs); False keeps every step eager. May run on another thread than the steps: the
-        steps take the graphs from the next one after they are all built."""
+        steps take the graphs from the next one after they are all built. On CUDA: captured
+        CUDA graphs for batches up to the largest row count, on the calling thread."""
+        if self.device.type == "cuda":
+            max_blocks = -(-self.max_model_len // self.block_size) + 1
+            graphs = CudaGraphDecoder(
+                self.model, self.kv_caches, self.block_size, max_blocks, self.scratch_block, self.dtype
+            )
+            if graphs.capture(buckets_up_to(max(row_counts))):
+                self.graphs = graphs
+            return self.graphs is not None
         compiled = CompiledDecoder(self.model, self.block_size, invariant=self.invariant)
         if compiled.warm_up(self.k_all, self.v_all, self.scratch_block, self.dtype, row_counts, stop):
             self.compiled = compiled
@@ -125,6 +142,12 @@ class ModelRunner:
         batch = sorted(out.scheduled, key=lambda r: r.num_new_tokens != 1 and not r.num_spec_tokens)
         if self.compiled is not None and all(_compiled_decode_fits(r) for r in batch):
             return self._execute_compiled(batch, self.compiled)
+        if (
+            self.graphs is not None
+            and all(_compiled_decode_fits(r) for r in batch)
+            and sum(r.num_new_tokens for r in batch) <= self.graphs.max_rows
+        ):
+            return self._execute_graphs(batch, self.graphs)
         meta, input_ids, positions = self._prepare(batch)
         if self.device.type != "cpu":
             meta, input_ids = meta.to(self.device), input_ids.to(self.device)
@@ -218,6 +241,31 @@ class ModelRunner:
         self._sample_and_verify(batch, offsets, lambda at: logits[torch.tensor(at, dtype=torch.long)], result)
         return result
 
+    def _execute_graphs(self, batch: list[ScheduledRequest], graphs: CudaGraphDecoder) -> StepResult:
+        """Decode rows only, replayed from the CUDA graph of the smallest bucket that holds them."""
+        bs = self.block_size
+        self.num_compiled_steps += 1
+        rows = sum(r.num_new_tokens for r in batch)
+        width = max(len(r.seq.block_table) for r in batch)
+        tables = torch.full((rows, width), self.scratch_block, dtype=torch.long)
+        positions = torch.zeros(rows, dtype=torch.long)
+        slots = torch.zeros(rows, dtype=torch.long)
+        ids = torch.zeros(rows, dtype=torch.long)
+        row = 0
+        for req in batch:
+            seq = req.seq
+            for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + req.num_new_tokens):
+                tables[row, : len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.long)
+                positions[row] = pos
+                slots[row] = seq.block_table[pos // bs] * bs + pos % bs
+                ids[row] = seq.token_at(pos)
+                row += 1
+        logits = graphs(ids, positions, slots, tables, positions + 1).cpu()
+        result = StepResult()
+        offsets = self._token_offsets(batch)
+        self._sample_and_verify(batch, offsets, lambda at: logits[torch.tensor(at, dtype=torch.long)], result)
+        return result
+
     @staticmethod
     def _token_offsets(batch: list[ScheduledRequest]) -> list[int]:
         offsets, total = [], 0
@@ -283,7 +331,8 @@ class ModelRunner:
         meta.decode_max_context = ctx
         meta.decode_block_ids = padded.view(-1)
         meta.block_size = bs
-        valid = torch.arange(ctx).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+        meta.decode_lens = torch.tensor(lens, dtype=torch.long)
+        valid = torch.arange(ctx).unsqueeze(0) < meta.decode_lens.unsqueeze(1)
         meta.decode_mask = valid.view(len(tables), 1, 1, ctx)
 
     def _prompt_logprobs(
