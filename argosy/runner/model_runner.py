@@ -42,6 +42,19 @@ def _non_finite_rows(logits: torch.Tensor) -> torch.Tensor:
     return torch.isnan(logits).any(dim=-1) | torch.isposinf(logits).any(dim=-1)
 
 
+def _plain_greedy(req: ScheduledRequest) -> bool:
+    """A row whose next token is the argmax of its raw logits: greedy, nothing reported or
+    applied before the argmax (logprobs, penalties, bias, a grammar)."""
+    p = req.seq.params
+    return (
+        p.is_greedy
+        and p.logprobs is None
+        and not p.needs_penalties
+        and not p.logit_bias
+        and req.seq.guide is None
+    )
+
+
 def _compiled_decode_fits(req: ScheduledRequest) -> bool:
     """Decode rows only (one new token that samples, or a draft to verify), and no prompt
     logprobs to compute."""
@@ -106,6 +119,9 @@ class ModelRunner:
         self.kv_caches = [(self.k_all[i], self.v_all[i]) for i in range(cfg.num_layers)]
         self.compiled: CompiledDecoder | None = None
         self.graphs: CudaGraphDecoder | None = None  # on CUDA, in place of the compiled step
+        # plain greedy rows take their argmax where the logits are (an accelerator's: only ids
+        # cross to the host); on the CPU the sampler does
+        self.greedy_on_device = self.device.type != "cpu"
         self.num_compiled_steps = 0
         self.sampler = Sampler(vocab_size, torch.Generator().manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
@@ -160,12 +176,16 @@ class ModelRunner:
                 if lps:
                     result.prompt_logprobs[req.seq.request_id] = lps
 
+        def device_logits_at(rows: list[int]) -> torch.Tensor:
+            index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
+            return self.model.compute_logits(hidden[index])
+
         def logits_at(rows: list[int]) -> torch.Tensor:
             # sampling runs on the host (per-request CPU generators keep seeds device-independent)
-            index = torch.tensor(rows, dtype=torch.long, device=hidden.device)
-            return self.model.compute_logits(hidden[index]).cpu()
+            return device_logits_at(rows).cpu()
 
-        self._sample_and_verify(batch, offsets, logits_at, result)
+        on_device = device_logits_at if self.greedy_on_device else None
+        self._sample_and_verify(batch, offsets, logits_at, result, on_device)
         return result
 
     def _sample_and_verify(
@@ -174,10 +194,25 @@ class ModelRunner:
         offsets: list[int],
         logits_at: Callable[[list[int]], torch.Tensor],
         result: StepResult,
+        device_logits_at: Callable[[list[int]], torch.Tensor] | None = None,
     ) -> None:
         """Sample the next token of each sampling request (at its last row) and verify each
-        draft (at every row of its chunk); `logits_at(rows)` gives float32 logits on the host."""
+        draft (at every row of its chunk); `logits_at(rows)` gives float32 logits on the host.
+        With `device_logits_at` (an accelerator's logits), plain greedy rows take their argmax
+        there and only the token ids cross to the host (a step of 256 rows would otherwise copy
+        50 MB of SmolLM2's logits)."""
         sampling = [(i, r) for i, r in enumerate(batch) if r.is_sampling and not r.num_spec_tokens]
+        plain = [(i, r) for i, r in sampling if _plain_greedy(r)] if device_logits_at is not None else []
+        if plain and device_logits_at is not None:
+            logits = device_logits_at([offsets[i] + r.num_new_tokens - 1 for i, r in plain])
+            logits = logits[:, : self.sampler.vocab_size]
+            picked = torch.stack([logits.argmax(dim=-1), _non_finite_rows(logits).long()]).cpu()
+            for (_, req), token, bad in zip(plain, picked[0].tolist(), picked[1].tolist(), strict=True):
+                if bad:
+                    result.failed[req.seq.request_id] = NON_FINITE
+                else:
+                    result.sampled[req.seq.request_id] = (token, None)
+            sampling = [(i, r) for i, r in sampling if not _plain_greedy(r)]
         if sampling:
             logits = logits_at([offsets[i] + r.num_new_tokens - 1 for i, r in sampling])
             is_bad = _non_finite_rows(logits)
@@ -260,10 +295,16 @@ class ModelRunner:
                 slots[row] = seq.block_table[pos // bs] * bs + pos % bs
                 ids[row] = seq.token_at(pos)
                 row += 1
-        logits = graphs(ids, positions, slots, tables, positions + 1).cpu()
+        logits = graphs(ids, positions, slots, tables, positions + 1)  # on the GPU
+
+        def device_logits_at(rows: list[int]) -> torch.Tensor:
+            return logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+
         result = StepResult()
         offsets = self._token_offsets(batch)
-        self._sample_and_verify(batch, offsets, lambda at: logits[torch.tensor(at, dtype=torch.long)], result)
+        self._sample_and_verify(
+            batch, offsets, lambda at: device_logits_at(at).cpu(), result, device_logits_at
+        )
         return result
 
     @staticmethod

@@ -202,3 +202,29 @@ def test_a_tied_head_stays_tied_and_its_logprobs_match(
         assert logprob == pytest.approx(expected[token].item(), abs=1e-4)
     with pytest.raises(ValueError, match="per-row"):  # the CPU backend's chunk form is refused
         prefill_logits(engine, prompt)
+
+
+def test_greedy_rows_take_their_argmax_where_the_logits_are(
+    tiny_llama: TinyModel, cuda_layers_on_cpu: None, row_stable_matmuls: None
+) -> None:
+    """The accelerator's fast path (only token ids cross to the host) picks the sampler's tokens;
+    rows that report logprobs or are sampled still go through the sampler."""
+    from argosy.sampling_params import SamplingParams as Params
+
+    rng = random.Random(8)
+    batch = [[rng.randrange(300) for _ in range(rng.randrange(4, 20))] for _ in range(4)]
+
+    def run(on_device: bool) -> list[list[int]]:
+        engine = _engine(tiny_llama)
+        engine.runner.greedy_on_device = on_device
+        plain = Params(max_tokens=5, temperature=0.0, ignore_eos=True, detokenize=False)
+        sampled = Params(max_tokens=5, temperature=0.8, seed=3, ignore_eos=True, detokenize=False)
+        for i, prompt in enumerate(batch):
+            engine.add_request(f"r{i}", prompt, sampled if i == 3 else plain)
+        tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(batch))}
+        while engine.has_unfinished():
+            for out in engine.step():
+                tokens[out.request_id].extend(out.new_token_ids)
+        return list(tokens.values())
+
+    assert run(on_device=True) == run(on_device=False)
