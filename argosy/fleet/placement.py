@@ -36,6 +36,11 @@ POLICIES = ("affinity", "prefix", "least-loaded", "round-robin")
 DEFAULT_PLACEMENT = ("affinity", "prefix", "least-loaded")
 SUMMARY_KEY_BYTES = 8  # of a block key, in a node's published summary
 LOAD_BOUND = 1.5  # a locality policy skips nodes with in-flight > LOAD_BOUND × mean + 1
+# the prefix policy decides only when a node holds at least this many more of the prompt's
+# leading blocks than the node holding fewest: one block (a chat template's opening, 16
+# tokens) saves too little prefill to stack a burst on its node (the bound's "+1" lets a
+# handful through at low load: seen in the fleet's kill test, four streams on one node)
+MIN_PREFIX_GAIN = 2
 MAX_AFFINITIES = 100_000  # sessions remembered (least recently placed dropped first)
 
 
@@ -134,7 +139,7 @@ class Placer:
                 keys = keys if keys is not None else prompt_block_keys(prompt_ids, self.block_size)
                 hits = {n.name: leading_hits(keys, n.cached) for n in live}
                 best = max((hits[n.name] for n in near), default=0)
-                if best > min(hits.values()):  # more than every node holds alike
+                if best - min(hits.values()) >= MIN_PREFIX_GAIN:  # more than every node holds alike
                     chosen = self._least_loaded([n for n in near if hits[n.name] == best])
                     return Decision(chosen.name, "prefix", best)
             elif policy == "round-robin":

@@ -121,3 +121,22 @@ def test_locality_is_bounded_by_load_and_a_prefix_everyone_holds_tells_nothing()
     assert (
         Placer(["prefix"], block_size=BS, load_bound=None).place([hot], [*system, 1]).policy == "least-loaded"
     )
+
+
+def test_a_one_block_prefix_does_not_stack_a_burst_on_its_node() -> None:
+    """Four streams sharing only a template's first block, two idle nodes, one holding that
+    block: least-loaded spreads them (the prefix policy needs a gain of two blocks)."""
+    placer = Placer(block_size=BS)
+    template = prompt(BS)
+    a = NodeView("a", in_flight=0, cached=cached(template))
+    b = NodeView("b", in_flight=0)
+    placed = []
+    for i in range(4):
+        decision = placer.place([a, b], [*template, *prompt(8, start=100 * (i + 1))])
+        placed.append((decision.node, decision.policy))
+        (a if decision.node == "a" else b).in_flight += 1
+    assert sorted(node for node, _ in placed) == ["a", "a", "b", "b"]
+    assert {policy for _, policy in placed} == {"least-loaded"}
+    two_blocks = cached(prompt(2 * BS))
+    a.cached, a.in_flight, b.in_flight = two_blocks, 0, 0
+    assert placer.place([a, b], [*prompt(2 * BS), 7, 7, 7]).policy == "prefix"
