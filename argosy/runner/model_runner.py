@@ -365,8 +365,14 @@ class ModelRunner:
         bs = self.block_size
         max_blocks = max(len(t) for t in tables)
         padded = torch.zeros(len(tables), max_blocks, dtype=torch.long)
-        for i, table in enumerate(tables):
-            padded[i, : len(table)] = torch.tensor(table, dtype=torch.long)
+        # a prefill in the per-row form repeats its sequence's table once a token: one tensor
+        # and one (broadcast) copy a run of the same table, not one a row
+        start = 0
+        for stop in range(1, len(tables) + 1):
+            if stop == len(tables) or tables[stop] is not tables[start]:
+                table = tables[start]
+                padded[start:stop, : len(table)] = torch.tensor(table, dtype=torch.long)
+                start = stop
         ctx = max_blocks * bs
         meta.num_decodes = len(tables)
         meta.decode_max_context = ctx
