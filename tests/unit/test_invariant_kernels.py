@@ -484,6 +484,26 @@ def test_attention_over_a_sliding_window_is_softmax_attention_over_it_on_every_p
         torch.testing.assert_close(got[i], expected, rtol=1e-4, atol=1e-4)
 
 
+def test_a_sliding_window_past_the_first_chunks_never_reads_them(paths: list[str]) -> None:
+    """Rows whose window starts past whole 64-position chunks: those chunks are skipped (not read
+    and weighted by 0). Poisoned with NaN there, every path still gives the reference's bits,
+    finite, whatever rows share the call (a row alone skips from its own window)."""
+    window, dim = 21, 64
+    rows = [(0, n) for n in range(150, 230)] + [(1, 200)]
+    case = paged_case(11, [229, 200], rows, dim, 4, 1)
+    q, k, v, k_cache, v_cache, slots, block_ids, mask = case
+    for i, (_, n) in enumerate(rows):
+        mask[i, 0, 0, : n - window] = False
+    max_blocks = block_ids.numel() // q.shape[0]
+    for i in (0, len(rows) - 1):  # each sequence's positions 0 .. 127: two chunks before any window
+        positions = torch.arange(128)
+        where = block_ids.view(-1, max_blocks)[i][positions // BLOCK] * BLOCK + positions % BLOCK
+        k_cache[where], v_cache[where] = float("nan"), float("nan")
+    assert_every_path_gives_the_reference_bits(paths, case)
+    torch.ops.argosy_iq.set_path("auto")
+    assert torch.isfinite(attend(case)).all()
+
+
 def test_attention_reads_every_fp16_value_exactly(paths: list[str]) -> None:
     """K and V hold fp16 values of every exponent (subnormals, -0, the largest finite): with one
     position per row the output is that position's V exactly, and the scores reach the softmax

@@ -205,6 +205,13 @@ inline int64_t tile_lens(const Rows& a, const Tile& t, int64_t group, int64_t* l
   return n_max;
 }
 
+// the first chunk any of `count` pairs sees: chunks before it lie wholly before every window
+inline int64_t first_chunk(const int64_t* start, int64_t count) {
+  int64_t first = count > 0 ? start[0] : 0;
+  for (int64_t i = 1; i < count; ++i) first = std::min(first, start[i]);
+  return first / kChunk;
+}
+
 // a pair's softmax over its positions [start, n) of sc (the scalar statement's: lanes counted
 // from start), leaving p there and 0 before start; returns 1 / l. The vector softmax runs on an
 // aligned copy of the window; zeros before it then add nothing to the weighted sums (fma(0, v,
@@ -771,7 +778,10 @@ void tile(const Rows& a, const Tile& t) {
   float* inv = s.inv.get(count);
   float* own = t.shared == nullptr ? s.chunk.get(kChunk * dim) : nullptr;  // K^T, then V
   for (int64_t rg = 0; rg < count; ++rg) Path::widen(q_row(a, t, group, rg), qf + rg * dim);
-  for (int64_t ch = 0; ch < chunks; ++ch) {
+  // a sliding window: the chunks wholly before every pair's window are skipped (their p would
+  // be 0, and fma(0, v, acc) = acc: the same bits, without reading the context the window hides)
+  const int64_t first = first_chunk(start, count);
+  for (int64_t ch = first; ch < chunks; ++ch) {
     const int64_t j0 = ch * kChunk, n = std::min(kChunk, n_max - j0);
     const float* kt = own;
     if (own != nullptr) Path::chunk(a, t.table, t.h, j0, n, own, nullptr);
@@ -782,7 +792,7 @@ void tile(const Rows& a, const Tile& t) {
   for (int64_t rg = 0; rg < count; ++rg)
     inv[rg] = windowed_softmax(Path::softmax, sc + rg * padded, start[rg], len[rg], s.window);
   std::fill(acc, acc + count * dim, 0.0f);
-  for (int64_t ch = 0; ch < chunks; ++ch) {
+  for (int64_t ch = first; ch < chunks; ++ch) {
     const int64_t j0 = ch * kChunk;
     const float* vf = own;
     if (own != nullptr) Path::chunk(a, t.table, t.h, j0, std::min(kChunk, n_max - j0), nullptr, own);
@@ -906,6 +916,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t chunk_floats = 2 * attn::kChunk * dim;
   struct Run {
     int64_t r0, r1, n, chunks, offset;  // n: its longest row's positions; offset: into the shared chunks (-1: none)
+    int64_t first;                      // the first chunk a row of the run sees (a window: later than 0)
   };
   std::vector<Run> runs;
   int64_t shared_floats = 0;
@@ -916,7 +927,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       n = std::max(n, lens[end++]);
     const int64_t chunks = (n + attn::kChunk - 1) / attn::kChunk;
     const bool shared = kernels.tile != nullptr && end - r > tile_rows && chunks > 0;
-    runs.push_back({r, end, n, chunks, shared ? shared_floats : -1});
+    runs.push_back({r, end, n, chunks, shared ? shared_floats : -1, attn::first_chunk(starts.data() + r, end - r)});
     if (shared) shared_floats += kv_heads * chunks * chunk_floats;
     r = end;
   }
@@ -927,7 +938,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   for (size_t i = 0; i < runs.size(); ++i)
     if (runs[i].offset >= 0)
       for (int64_t h = 0; h < kv_heads; ++h)
-        for (int64_t ch = 0; ch < runs[i].chunks; ++ch) preps.push_back({static_cast<int64_t>(i), h, ch});
+        for (int64_t ch = runs[i].first; ch < runs[i].chunks; ++ch) preps.push_back({static_cast<int64_t>(i), h, ch});
   attn::run_tasks(static_cast<int64_t>(preps.size()), [&](int64_t t) {
     const auto [i, h, ch] = preps[t];
     const Run& run = runs[i];
@@ -944,7 +955,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     for (int64_t r0 = runs[i].r0; r0 < runs[i].r1; r0 += tile_rows) {
       const int64_t r1 = std::min(r0 + tile_rows, runs[i].r1);
       int64_t cost = 0;
-      for (int64_t r = r0; r < r1; ++r) cost += lens[r] + 1;
+      for (int64_t r = r0; r < r1; ++r) cost += lens[r] - starts[r] + 1;
       for (int64_t h = 0; h < kv_heads; ++h) tasks.push_back({static_cast<int64_t>(i), r0, r1, h, cost});
     }
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.cost > y.cost; });
