@@ -370,7 +370,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="TYPE",
         help="serve --model's GGUF re-quantized to TYPE (e.g. Q8_0) by llama.cpp's llama-quantize (peers venv)",
     )
-    parser.add_argument("--startup-timeout", type=float, default=300.0)
+    # a cold compile of the decode graphs took ~320 s on an AVX2-only EPYC (2 cores): 300 s cut it off
+    parser.add_argument("--startup-timeout", type=float, default=1200.0)
     parser.add_argument(
         "--budget", type=float, help="seconds of workloads per system, then skip the rest (--quick: 55)"
     )
