@@ -134,9 +134,9 @@ class Gemma3ForCausalLM(DecoderForCausalLM):
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = super().rope(positions, dtype)
-        if self.local_inv_freq.device != positions.device:
-            self.local_inv_freq = self.local_inv_freq.to(positions.device)
-        freqs = positions.float().unsqueeze(-1) * self.local_inv_freq
+        freqs = positions.float().unsqueeze(-1) * self.table_on(
+            "local_inv_freq", self.local_inv_freq, positions.device
+        )
         emb = torch.cat((freqs, freqs), dim=-1)
         return torch.cat((cos, emb.cos().to(dtype)), dim=-1), torch.cat((sin, emb.sin().to(dtype)), dim=-1)
 

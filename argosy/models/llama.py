@@ -148,15 +148,25 @@ class DecoderForCausalLM(nn.Module):
         # the residual stream's dtype when it is not the weights' (None): float32 in the
         # invariant mode, as llama.cpp keeps it (with an fp16 KV cache, float32 queries)
         self.hidden_dtype: torch.dtype | None = None
+        self._device_tables: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+    def table_on(self, name: str, table: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """A host table (RoPE frequencies) on `device`, copied once per device and kept: a
+        captured CUDA graph reads the copy it was captured with, so that copy must live on (a
+        table moved back and forth between host and GPU steps would free it under the graph)."""
+        if table.device == device:
+            return table
+        copy = self._device_tables.get((name, device))
+        if copy is None:
+            copy = self._device_tables[(name, device)] = table.to(device)
+        return copy
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         return x if self.hidden_dtype is None else x.to(self.hidden_dtype)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.inv_freq.device != positions.device:
-            self.inv_freq = self.inv_freq.to(positions.device)
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq
+        freqs = positions.float().unsqueeze(-1) * self.table_on("inv_freq", self.inv_freq, positions.device)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

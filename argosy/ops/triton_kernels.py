@@ -26,6 +26,7 @@ BLOCK_M = 16  # rows of an output tile (tl.dot needs 16); never chosen by M
 BLOCK_N = 64
 BLOCK_K = 32  # one Q4 block along K per step of the loop
 ATTENTION_TILE = 16  # positions per step of attention's online softmax (any KV block size)
+NO_WINDOW = 1 << 62  # a "window" longer than any context (one code path, no branch in the kernel)
 
 
 @triton.jit
@@ -59,7 +60,7 @@ def _paged_attention_kernel(
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     length = tl.load(lens_ptr + row)
-    start = tl.maximum(length - window, 0) if window > 0 else 0
+    start = tl.maximum(length - window, 0)  # no window: `window` is past any length
     g = tl.arange(0, GROUP_P)
     d = tl.arange(0, HEAD_DIM_P)
     heads = kv_head * GROUP + g
@@ -127,7 +128,7 @@ def paged_attention(
         out.stride(0),
         out.stride(1),
         scale,
-        window or 0,
+        window or NO_WINDOW,
         block_size,
         GROUP=group,
         GROUP_P=triton.next_power_of_2(group),

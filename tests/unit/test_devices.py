@@ -90,3 +90,18 @@ def test_too_little_gpu_memory_names_the_figures(monkeypatch: pytest.MonkeyPatch
     assert error.message == (
         "smollm2: out of GPU memory loading its weights on cuda:0: they need 3.00 GiB, 2.00 GiB of 80.00 GiB is free"
     )
+
+
+def test_a_rope_table_is_copied_once_per_device_and_kept(tiny_llama) -> None:  # type: ignore[no-untyped-def]
+    """A CUDA graph reads the device copy it was captured with: rope() on host positions must not
+    move the model's table off the device (which freed that copy), nor copy it again."""
+    model = tiny_llama.engine().model
+    host = model.inv_freq
+    meta = torch.device("meta")
+    first = model.table_on("inv_freq", host, meta)
+    model.rope(torch.arange(4), torch.float32)  # a host step in between
+    assert model.table_on("inv_freq", host, meta) is first and first.device == meta
+    assert model.inv_freq is host and host.device.type == "cpu"
+    assert model.table_on("inv_freq", host, host.device) is host
+    cos, _ = model.rope(torch.arange(4, device=meta), torch.float32)
+    assert cos.device == meta
