@@ -31,8 +31,15 @@ def model_folder() -> Path:
 
 
 def engine(**options: object):  # type: ignore[no-untyped-def]
+    """A fresh engine; the ones before it must be unreferenced: each sizes its KV cache from the
+    GPU's free memory (0.3 of it, less what is in use), so a live one would leave no room."""
+    import gc
+
     from argosy.config import EngineConfig
     from argosy.engine.llm_engine import LLMEngine
+
+    gc.collect()
+    torch.cuda.empty_cache()
 
     values: dict[str, object] = {
         "model": str(model_folder()),
@@ -144,13 +151,14 @@ def test_a_request_is_the_same_solo_in_a_batch_of_64_chunked_and_cached() -> Non
     assert generate(llm, [*others[:31], prompt, *others[31:]], max_tokens=32)[31] == solo
     seeded = generate(llm, [prompt], max_tokens=32, seed=7)[0]
     assert generate(llm, [prompt, *others[:20]], max_tokens=32, seed=7)[0] == seeded
+    del llm
     chunked = engine(max_num_batched_tokens=32, block_size=32, enable_prefix_caching=False)
     assert generate(chunked, [prompt], max_tokens=32)[0] == solo
 
 
 def test_cuda_graph_decode_gives_the_eager_tokens_and_logprobs() -> None:
     batch = prompts(12, seed=5)
-    eager = generate(engine(compile="off"), batch, max_tokens=24)
+    eager = generate(engine(compile="off"), batch, max_tokens=24)  # dropped: engine() collects it
     graphed = engine(compile="on", max_num_seqs=16)
     assert graphed.runner.graphs is not None and graphed.compile_status == "ready"
     assert generate(graphed, batch, max_tokens=24) == eager
