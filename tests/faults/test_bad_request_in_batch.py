@@ -59,7 +59,7 @@ def test_nan_logits_in_one_row_fail_only_that_request(tiny_llama: TinyModel) -> 
     sample_and_verify = engine.runner._sample_and_verify
     num_bad_rows = [0]
 
-    def poisoned(batch, offsets, logits_at, result):  # type: ignore[no-untyped-def]
+    def poisoned(batch, offsets, logits_at, result, device_logits_at=None):  # type: ignore[no-untyped-def]
         rows = {offsets[i] + r.num_new_tokens - 1 for i, r in enumerate(batch) if r.seq.request_id == "bad"}
 
         def at(wanted: list[int]) -> torch.Tensor:
@@ -71,6 +71,7 @@ def test_nan_logits_in_one_row_fail_only_that_request(tiny_llama: TinyModel) -> 
                         logits[j] = float("nan")
             return logits
 
+        assert device_logits_at is None  # on the CPU every row's logits come through logits_at
         return sample_and_verify(batch, offsets, at, result)
 
     engine.runner._sample_and_verify = poisoned  # type: ignore[method-assign]
