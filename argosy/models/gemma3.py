@@ -17,6 +17,7 @@ runner's one cos/sin serves both kinds of layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,7 +55,7 @@ class GemmaAttention(Attention):
         super().__init__(cfg, backend)
         self.q_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.window = window  # None: a global layer
+        self.window = window  # None: a global layer (the masks narrow: AttentionMetadata.windowed)
         # the backends scale by head_dim^-1/2; Gemma by query_pre_attn_scalar^-1/2
         self.query_scale = None if scalar == cfg.head_dim else (cfg.head_dim / scalar) ** 0.5
 
@@ -66,18 +67,24 @@ class GemmaAttention(Attention):
         q, k, v = super().project(x, cos[..., half], sin[..., half])
         return (q if self.query_scale is None else q * self.query_scale), k, v
 
-    def forward(
-        self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        return super().forward(
-            x, k_cache, v_cache, meta if self.window is None else meta.windowed(self.window)
-        )
+
+@torch.library.custom_op("argosy::gelu_tanh", mutates_args=())
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """aten's gelu (tanh approximation) as an op the compiler cannot see into: the compiled decode
+    step then computes each value with the eager step's instructions (inductor's own tanh and
+    its order of the polynomial's operations are free to differ in the last bit)."""
+    return F.gelu(x, approximate="tanh")
+
+
+@gelu_tanh.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 class GeGLU(MLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return self.down_proj(gelu_tanh(gate) * up)
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -95,14 +102,16 @@ class GemmaDecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(x), k_cache, v_cache, meta)
-        x = x + self.post_attention_layernorm(attended)
+        return self.forward_with(x, lambda h: self.self_attn(h, k_cache, v_cache, meta))
+
+    def forward_with(
+        self, x: torch.Tensor, attention: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        x = x + self.post_attention_layernorm(attention(self.input_layernorm(x)))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
 class Gemma3ForCausalLM(DecoderForCausalLM):
-    supports_compiled_decode = False  # the compiled decode graph is Llama's layer; Gemma runs eagerly
-
     def __init__(
         self, cfg: DecoderConfig, hf_config: dict[str, Any], backend: AttentionBackend | None = None
     ) -> None:

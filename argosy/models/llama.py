@@ -8,7 +8,7 @@ greedy outputs match it token for token on the same weights and dtype.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,20 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
+# q [T, H, D], k and v [T, KVH, D] (projected and rotated) and the layer's sliding window (None:
+# global) -> the attended heads [T, H * D]: the eager step's backend call, or the compiled graph's op
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int | None], torch.Tensor]
+
+
+def cast_for_cache(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_dtype: torch.dtype, invariant: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k and v in the cache's dtype; q too, except for the invariant kernel, which takes float32
+    queries (the stream's, unrounded). The eager step and the compiled graph both call this."""
+    k, v = k.to(cache_dtype), v.to(cache_dtype)
+    return (q.float() if invariant else q.to(cache_dtype)), k, v
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, D]; cos/sin: [T, 1, D] (rotate-half layout, as transformers)."""
     half = x.shape[-1] // 2
@@ -62,6 +76,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.backend = backend
+        self.window: int | None = None  # a sliding-window layer's window (Gemma 3's local layers)
 
     def project(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -77,6 +92,14 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
+    def attend_with(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend
+    ) -> torch.Tensor:
+        """The layer's attention of x (normed), with `attend` computing the heads: the one
+        definition the eager step and the compiled decode graph share."""
+        q, k, v = self.project(x, cos, sin)
+        return self.o_proj(attend(q, k, v, self.window).to(x.dtype))
+
     def forward(
         self,
         x: torch.Tensor,
@@ -84,11 +107,12 @@ class Attention(nn.Module):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        q, k, v = self.project(x, meta.cos.unsqueeze(1), meta.sin.unsqueeze(1))
-        k, v = k.to(k_cache.dtype), v.to(k_cache.dtype)  # the cache's dtype
-        # the invariant kernel takes float32 queries (the stream's, unrounded); the others the cache's
-        q = q.float() if meta.invariant else q.to(k_cache.dtype)
-        return self.o_proj(self.backend.forward(q, k, v, k_cache, v_cache, meta).to(x.dtype))
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+            q, k, v = cast_for_cache(q, k, v, k_cache.dtype, meta.invariant)
+            layer_meta = meta if window is None else meta.windowed(window)
+            return self.backend.forward(q, k, v, k_cache, v_cache, layer_meta)
+
+        return self.attend_with(x, meta.cos.unsqueeze(1), meta.sin.unsqueeze(1), attend)
 
 
 class MLP(nn.Module):
@@ -114,7 +138,14 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), k_cache, v_cache, meta)
+        return self.forward_with(x, lambda h: self.self_attn(h, k_cache, v_cache, meta))
+
+    def forward_with(
+        self, x: torch.Tensor, attention: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """The layer around its attention (a function of the normed stream): shared by the eager
+        step and the compiled decode graph."""
+        x = x + attention(self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -129,7 +160,7 @@ _STACKED = {
 
 
 class DecoderForCausalLM(nn.Module):
-    supports_compiled_decode = True  # runner/compiled.py's DecodeGraph computes this model's layers
+    supports_compiled_decode = True  # runner/compiled.py's DecodeGraph runs its layers' forward_with
 
     def __init__(self, cfg: DecoderConfig, backend: AttentionBackend | None = None) -> None:
         super().__init__()

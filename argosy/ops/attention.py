@@ -124,11 +124,11 @@ class AttentionMetadata:
         if cached is None:
             cached = dataclasses.replace(
                 self,
-                decode_mask=None if self.decode_mask is None else _window_mask(self.decode_mask, window),
+                decode_mask=None if self.decode_mask is None else window_mask(self.decode_mask, window),
                 context_batch=None
                 if self.context_batch is None
                 else dataclasses.replace(
-                    self.context_batch, mask=_window_mask(self.context_batch.mask, window)
+                    self.context_batch, mask=window_mask(self.context_batch.mask, window)
                 ),
                 window=window,
                 local={},
@@ -162,7 +162,7 @@ class AttentionMetadata:
         )
 
 
-def _window_mask(mask: torch.Tensor, window: int) -> torch.Tensor:
+def window_mask(mask: torch.Tensor, window: int) -> torch.Tensor:
     """A causal mask [..., L] (each row's visible positions a prefix 0..p) narrowed to the last
     `window` positions of each row, p - window < j <= p; a padding row keeps its one slot."""
     visible = mask.sum(-1, keepdim=True)
@@ -282,7 +282,7 @@ class CpuPagedAttention:
             rows = torch.arange(chunk.num_query_tokens, device=device).unsqueeze(1) + offset
             mask = torch.arange(chunk.context_len, device=device).unsqueeze(0) <= rows
             if window is not None:
-                mask = _window_mask(mask, window)
+                mask = window_mask(mask, window)
             causal = False
         # enable_gqa: SDPA maps each query head to its KV head itself, bit-identical to
         # repeating K/V per query head and ~1.6x faster for a short chunk over a long context

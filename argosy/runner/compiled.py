@@ -23,6 +23,7 @@ step that fails at run time reruns eagerly.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import threading
@@ -35,8 +36,8 @@ import torch
 import torch._inductor.config
 from torch import nn
 
-from argosy.models.llama import DecoderForCausalLM, DecoderLayer
-from argosy.ops.attention import grouped_decode_attention
+from argosy.models.llama import DecoderForCausalLM, DecoderLayer, cast_for_cache
+from argosy.ops.attention import grouped_decode_attention, window_mask
 from argosy.ops.memory import release_free_memory
 from argosy.ops.native import compiler_hint, load_native_ops
 from argosy.progress import StatusLine
@@ -75,7 +76,9 @@ def _(q, k, v, k_cache, v_cache, slots, block_ids, mask, block_size):  # type: i
 
 
 class DecodeGraph(nn.Module):
-    """The whole decode forward (embeddings to logits) as one traceable function."""
+    """The whole decode forward (embeddings to logits) as one traceable function: the model's
+    own layers (`forward_with`, `attend_with`: Llama's, Gemma 3's), with the paged attention op
+    in place of the eager backend."""
 
     def __init__(
         self, model: DecoderForCausalLM, block_size: int, native: bool, invariant: bool = False
@@ -107,16 +110,35 @@ class DecodeGraph(nn.Module):
         model = self.model
         x = model.embed(input_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        masks: dict[int | None, torch.Tensor] = {None: mask}  # a sliding window's, made once a step
         for i, module in enumerate(model.layers):
-            layer = cast(DecoderLayer, module)
-            attn = layer.self_attn
-            q, k, v = attn.project(layer.input_layernorm(x), cos, sin)
-            k, v = k.to(k_all.dtype), v.to(k_all.dtype)  # the cache's dtype
-            q = q.float() if self.invariant else q.to(k_all.dtype)  # as Attention.forward
-            out = self.attention(q, k, v, k_all[i], v_all[i], slots, block_ids, mask, self.block_size)
-            x = x + attn.o_proj(out.to(x.dtype))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            layer = cast(DecoderLayer, module)  # Llama's, or a model's own with the same two methods
+            attend = functools.partial(self._attend, k_all[i], v_all[i], slots, block_ids, masks)
+            attention = functools.partial(layer.self_attn.attend_with, cos=cos, sin=sin, attend=attend)
+            x = layer.forward_with(x, attention)
         return model.compute_logits(model.norm(x))
+
+    def _attend(
+        self,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
+        block_ids: torch.Tensor,
+        masks: dict[int | None, torch.Tensor],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        window: int | None,
+    ) -> torch.Tensor:
+        """One layer's heads: the new K/V written at the slots, then each row over its blocks
+        (a sliding-window layer's mask narrowed as AttentionMetadata.windowed narrows eager's)."""
+        q, k, v = cast_for_cache(q, k, v, k_cache.dtype, self.invariant)
+        if window is not None and window not in masks:
+            masks[window] = window_mask(masks[None], window)
+        return cast(
+            torch.Tensor,
+            self.attention(q, k, v, k_cache, v_cache, slots, block_ids, masks[window], self.block_size),
+        )
 
 
 def compiled_graph_count() -> int:
