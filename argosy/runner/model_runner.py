@@ -22,7 +22,7 @@ from argosy.models.llama import DecoderForCausalLM
 from argosy.ops.attention import AttentionMetadata, ContextBatch, PrefillChunk, per_row_attention_available
 from argosy.runner.compiled import MIN_BLOCKS, CompiledDecoder
 from argosy.runner.cuda_graphs import CudaGraphDecoder, buckets_up_to
-from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
+from argosy.runner.sampler import Sampler, SamplingRow, make_logprob, take_rows
 from argosy.runner.spec_decode import Verified, verify_batch
 
 
@@ -38,8 +38,10 @@ NON_FINITE = "The model's output for this request is not a number (NaN or inf); 
 
 
 def _non_finite_rows(logits: torch.Tensor) -> torch.Tensor:
-    """[rows] bool: a row with a NaN or +inf logit (-inf is a masked token, not a fault)."""
-    return torch.isnan(logits).any(dim=-1) | torch.isposinf(logits).any(dim=-1)
+    """[rows] bool: a row with a NaN or +inf logit (-inf is a masked token, not a fault). One pass:
+    a row's maximum is NaN when it holds one (amax propagates NaN), else +inf when it holds one."""
+    top = logits.amax(dim=-1)
+    return torch.isnan(top) | torch.isposinf(top)
 
 
 def _plain_greedy(req: ScheduledRequest) -> bool:
@@ -273,7 +275,7 @@ class ModelRunner:
         ).float()
         result = StepResult()
         offsets = self._token_offsets(batch)
-        self._sample_and_verify(batch, offsets, lambda at: logits[torch.tensor(at, dtype=torch.long)], result)
+        self._sample_and_verify(batch, offsets, lambda at: take_rows(logits, at), result)
         return result
 
     def _execute_graphs(self, batch: list[ScheduledRequest], graphs: CudaGraphDecoder) -> StepResult:

@@ -29,6 +29,15 @@ class SamplingRow:
     guide: TokenGuide | None = None
 
 
+def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """t's rows `rows`: t itself when they are all its rows in order (a step's logits are tens of
+    MB at a 262k vocabulary, Gemma 3's: a copy by advanced indexing cost ~14 ms a step at 32
+    rows), else a copy. Only for reading: the sampler changes the logits it is given in place."""
+    if len(rows) == t.shape[0] and rows == list(range(len(rows))):
+        return t
+    return t.index_select(0, torch.tensor(rows, dtype=torch.long, device=t.device))
+
+
 class Sampler:
     def __init__(self, vocab_size: int, generator: torch.Generator) -> None:
         self.vocab_size = vocab_size
@@ -40,12 +49,12 @@ class Sampler:
         """logits: [len(rows), V] float32 (modified in place)."""
         logits = logits[:, : self.vocab_size]
         want_logprobs = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
-        raw_logprobs = torch.log_softmax(logits[want_logprobs], dim=-1) if want_logprobs else None
+        raw_logprobs = torch.log_softmax(take_rows(logits, want_logprobs), dim=-1) if want_logprobs else None
         self.process_logits(logits, rows)
         tokens = torch.empty(len(rows), dtype=torch.long)
         greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
         if greedy:
-            tokens[greedy] = logits[greedy].argmax(dim=-1)
+            tokens[greedy] = take_rows(logits, greedy).argmax(dim=-1)
         fast = [
             i for i, r in enumerate(rows) if not r.params.is_greedy and 0 < r.params.top_k <= TOPK_FAST_LIMIT
         ]
