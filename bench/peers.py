@@ -99,8 +99,10 @@ def _llama_server_command(ctx: LaunchContext) -> list[str]:
         "-t", str(ctx.threads), "-tb", str(ctx.threads),
         "-np", str(ctx.slots), "-c", str(SLOT_CONTEXT_TOKENS * ctx.slots),
         "--host", HOST, "--port", str(ctx.port), "--no-webui", "-a", ctx.model.name,
-        # Gemma's base GGUF has no template: llama.cpp's built-in Gemma one, as Argosy's
-        *(["--chat-template", "gemma"] if ctx.model.name == "gemma3" else []),
+        # Gemma's base GGUF has no template: llama.cpp's built-in Gemma one, as Argosy's. With
+        # Jinja on (its default) "gemma" would be a template's text: every chat became the
+        # 3-token prompt "gemma" (the Gemma runs of session 14 measured that)
+        *(["--no-jinja", "--chat-template", "gemma"] if ctx.model.name == "gemma3" else []),
     ]  # fmt: skip
 
 

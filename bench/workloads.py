@@ -344,6 +344,11 @@ class WorkloadRunner:
         result = _require_ok(await client.chat(messages, 1, repetition), "prefill")
         assert result.ttft_s is not None
         num_tokens = result.num_prompt_tokens or num_prompt_tokens
+        if num_tokens < num_prompt_tokens // 2:  # a server that did not see the prompt measures nothing
+            raise WorkloadError(
+                f"prefill: the server counted {num_tokens} prompt tokens of ~{num_prompt_tokens}: "
+                "it did not see the prompt (its chat template?)"
+            )
         return {"prefill_tok_s": num_tokens / result.ttft_s, "prefill_ttft_ms": result.ttft_s * 1000}
 
     async def _batch(
