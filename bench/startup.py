@@ -4,8 +4,9 @@ answered chat request, on a machine whose caches are empty (cold) and again (war
     python bench/startup.py                       # smollm2: argosy and llama-server
     python bench/startup.py --model gemma3 --peers argosy,llama-server
 
-Cold, for Argosy, is a fresh HOME (no converted GGUF, no built native ops) and a fresh inductor
-cache (TORCHINDUCTOR_CACHE_DIR): what a new machine does after `pip install`. Warm is a second
+Cold, for Argosy, is a fresh HOME (no converted GGUF) and a fresh inductor cache
+(TORCHINDUCTOR_CACHE_DIR): what a new machine does after `make install`, whose native ops it
+builds into the venv. Warm is a second
 start with the same two. The Python packages and the OS page cache are shared (both servers' files
 stay in memory between starts: llama-server's "cold" is warm there too, said in the header).
 Argosy answers before its decode graphs are compiled (they build in the background); the table

@@ -1,8 +1,10 @@
-"""Argosy's native (C++) CPU ops, built on first use with torch's extension builder.
+"""Argosy's native (C++) CPU ops, built with torch's extension builder: by `make install`
+(`python -m argosy.ops.native`), else on first use.
 
 `load_native_ops()` compiles argosy/ops/csrc/*.cpp once per machine (~30 s; the build is
-cached under ~/.cache/argosy/torch_extensions, keyed by the sources and flags, and shared
-by processes through a lock that a killed build does not leave behind) and registers the ops under torch.ops.argosy_ext. It
+kept in the virtual environment, else under ~/.cache/argosy (`build_dir`), keyed by the sources
+and flags, and shared by processes through a lock that a killed build does not leave behind) and
+registers the ops under torch.ops.argosy_ext. It
 returns False when there is no compiler or the build fails; callers then use the Python ops,
 which compute the same thing. `set_native_ops_enabled(False)` (the `--native-ops off` flag, set
 once at start-up) disables them.
@@ -14,6 +16,7 @@ import fcntl
 import logging
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -38,7 +41,13 @@ def set_native_ops_enabled(enabled: bool) -> None:
 
 
 def build_dir() -> Path:
-    return Path.home() / ".cache" / "argosy" / "torch_extensions" / f"torch-{torch.__version__}"
+    """Where the native ops are built and found: inside the virtual environment Argosy runs from
+    (`make install` builds them there, so a first `argosy serve` - by any user, with any HOME -
+    loads them in a second instead of compiling for ~40 s), else under ~/.cache/argosy."""
+    version = f"torch-{torch.__version__}"
+    if sys.prefix != sys.base_prefix and os.access(sys.prefix, os.W_OK):
+        return Path(sys.prefix) / "share" / "argosy" / "torch_extensions" / version
+    return Path.home() / ".cache" / "argosy" / "torch_extensions" / version
 
 
 def compiler_hint() -> str:
@@ -189,3 +198,16 @@ def _register_fakes() -> None:
     @torch.library.register_fake("argosy_ext::packed_linear")
     def _(x, key, out_features, bias):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape[0], out_features)
+
+
+def main() -> int:
+    """`python -m argosy.ops.native`: build both libraries now (`make install` runs it); exit 1
+    when one did not build (the server would then run the Python ops: slower, still correct)."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    built = load_native_ops() and load_invariant_ops()
+    print(f"argosy native ops {'built' if built else 'NOT built'} in {build_dir()}")
+    return 0 if built else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
