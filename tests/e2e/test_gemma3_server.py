@@ -40,7 +40,8 @@ def test_models_say_what_gemma_runs(client: openai.OpenAI) -> None:
     assert (
         caps["weights"].startswith("int8 codes of the GGUF's other blocks") and caps["deterministic"] is True
     )
-    assert caps["compile"] == "off"  # its layers have no compiled graph yet: eager decode
+    # the default mode compiles Gemma's decode step in the background (a warm cache may be done)
+    assert caps["compile"] in ("compiling", "ready")
 
 
 def test_a_completion_continues_code(client: openai.OpenAI) -> None:
