@@ -222,8 +222,7 @@ SERVERS: dict[str, ServerSpec] = {
 
 
 def load_model_files(name: str) -> ModelFiles:
-    from gguf import GGUFReader
-
+    from argosy.models.gguf_file import GGUFFile
     from argosy.models.loader import MODEL_REGISTRY, resolve_model
 
     source = name
@@ -233,14 +232,12 @@ def load_model_files(name: str) -> ModelFiles:
     else:
         gguf_path = Path(MODEL_REGISTRY[name]())
     hf_dir = Path(resolve_model(source).weights_dir)
-    reader = GGUFReader(str(gguf_path))
+    metadata = GGUFFile(gguf_path).metadata
     eos_ids: set[int] = set()
-    eos_field = reader.get_field("tokenizer.ggml.eos_token_id")
-    if eos_field is not None:
-        eos_ids.add(int(eos_field.contents()))
-    tokens_field = reader.get_field("tokenizer.ggml.tokens")
-    if tokens_field is not None:
-        tokens = tokens_field.contents()
+    if "tokenizer.ggml.eos_token_id" in metadata:
+        eos_ids.add(int(metadata["tokenizer.ggml.eos_token_id"]))
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if tokens is not None:
         for end_text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>", "<end_of_turn>"):
             if end_text in tokens:
                 eos_ids.add(tokens.index(end_text))

@@ -16,6 +16,7 @@ import gguf
 import numpy as np
 
 from argosy.errors import ModelLoadError
+from argosy.models.gguf_file import GGUFFile
 
 # general.architecture -> (HF architecture, HF model_type). Mistral files say "llama" and are
 # recognised by name below, as transformers' own GGUF loader does.
@@ -51,17 +52,12 @@ def tensor_formats(types: dict[str, str] | None) -> dict[str, str] | None:
     }
 
 
-def read_gguf_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
+def read_gguf_metadata(file: GGUFFile) -> dict[str, Any]:
     """Every key/value of the header as plain Python values (str, int, float, bool, lists)."""
-    metadata: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):  # the reader's own bookkeeping (version, counts)
-            continue
-        value = field.contents()
-        if field.types == [gguf.GGUFValueType.FLOAT32]:
-            value = _shortest_float(value)
-        metadata[key] = value
-    return metadata
+    return {
+        key: _shortest_float(value) if file.value_types[key] == gguf.GGUFValueType.FLOAT32 else value
+        for key, value in file.metadata.items()
+    }
 
 
 def _shortest_float(value: float) -> float:

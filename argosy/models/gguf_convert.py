@@ -22,11 +22,11 @@ is loader.py's job.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
 from safetensors.numpy import save_file
 
@@ -38,6 +38,7 @@ from argosy.models.gguf_config import (
     gguf_file_type_name,
     read_gguf_metadata,
 )
+from argosy.models.gguf_file import GGUFFile
 from argosy.models.gguf_quant import BLOCKS_FILE, INT4_FILE, iter_block_tensors, iter_int4_tensors
 from argosy.models.gguf_tensors import hf_tensor_name, iter_hf_tensors
 from argosy.models.gguf_tokenizer import build_tokenizer, build_tokenizer_config
@@ -47,11 +48,11 @@ from argosy.models.gguf_tokenizer import build_tokenizer, build_tokenizer_config
 MAX_SHARD_BYTES = 2 * 1024**3
 
 
-def open_gguf(gguf_path: Path) -> gguf.GGUFReader:
+def open_gguf(gguf_path: Path) -> GGUFFile:
     """A reader over the file; ModelLoadError if it is not a readable GGUF."""
     try:
-        return gguf.GGUFReader(gguf_path)
-    except (ValueError, OSError, KeyError, IndexError, TypeError) as exc:
+        return GGUFFile(gguf_path)
+    except (ValueError, OSError, KeyError, IndexError, TypeError, UnicodeDecodeError, struct.error) as exc:
         raise ModelLoadError(f"{gguf_path} is not a readable GGUF file: {exc}") from exc
 
 

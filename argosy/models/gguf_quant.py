@@ -18,6 +18,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from argosy.models.gguf_file import GGUFFile, GGUFTensor
 from argosy.models.gguf_tensors import _PERMUTED_MODEL_TYPES, hf_tensor_name, unpermute_rope_rows
 from argosy.ops.quantized_linear import GROUP_SIZE
 
@@ -26,7 +27,7 @@ BLOCKS_FILE = "argosy-blocks.safetensors"
 _BLOCK_BYTES = {gguf.GGMLQuantizationType.Q4_0: 18, gguf.GGMLQuantizationType.Q4_1: 20}
 
 
-def q4_codes(tensor: gguf.ReaderTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def q4_codes(tensor: GGUFTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(codes uint8 [N, K], d float32 [N, K/32], m float32 [N, K/32]), or None if the tensor
     is not Q4_0/Q4_1. N = output rows, K = input columns (HF layout)."""
     block_bytes = _BLOCK_BYTES.get(tensor.tensor_type)
@@ -45,7 +46,7 @@ def q4_codes(tensor: gguf.ReaderTensor) -> tuple[np.ndarray, np.ndarray, np.ndar
     return codes.reshape(n, k), d, m
 
 
-def iter_int4_tensors(reader: gguf.GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+def iter_int4_tensors(reader: GGUFFile, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """For every Q4 weight: `<hf name>.codes` (uint8, two codes per byte, even column in the
     low nibble), `<hf name>.d` and `<hf name>.m` — in HF row order (llama q/k un-permuted)."""
     is_permuted = config["model_type"] in _PERMUTED_MODEL_TYPES
@@ -100,7 +101,7 @@ def _scales_and_mins(
     return _half(blocks, 208)[..., None] * sc, None
 
 
-def block_codes(tensor: gguf.ReaderTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+def block_codes(tensor: GGUFTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
     """(codes int8 [N, K], scales float32 [N, K/G], mins float32 [N, K/32] or None) with
     codes * scale + min equal to the gguf package's dequantization of every value, or None if
     the tensor is in none of these formats (or a value does not come back exactly, or a code
@@ -114,6 +115,9 @@ def block_codes(tensor: gguf.ReaderTensor) -> tuple[np.ndarray, np.ndarray, np.n
     blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(n, k // per_block, block_bytes)
     scales, mins = _scales_and_mins(tensor.tensor_type, blocks)
     scales = scales.reshape(n, k // group)
+    if tensor.tensor_type == _Q.Q8_0:  # the codes are the file's bytes, d * q is gguf's formula
+        codes = blocks[..., 2:].copy().view(np.int8).reshape(n, k)
+        return None if codes.min(initial=0) < -127 else (codes, scales, None)
     values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(n, k)
     groups = values.reshape(n, k // group, group).astype(np.float64)
     if mins is not None:
@@ -133,7 +137,7 @@ def block_codes(tensor: gguf.ReaderTensor) -> tuple[np.ndarray, np.ndarray, np.n
     return codes, scales, mins
 
 
-def iter_block_tensors(reader: gguf.GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+def iter_block_tensors(reader: GGUFFile, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """For every weight in one of `block_codes`' formats: `<hf name>.codes` (int8 [N, K]),
     `.scales` (float32 [N, K/G]) and `.mins` (float32 [N, K/32], where the format has them), in
     HF row order (llama q/k un-permuted)."""

@@ -15,6 +15,7 @@ import gguf
 import numpy as np
 
 from argosy.errors import ModelLoadError
+from argosy.models.gguf_file import GGUFFile, GGUFTensor
 
 _GLOBAL_NAMES: dict[str, str] = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -85,7 +86,7 @@ def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return grouped.swapaxes(1, 2).reshape(weight.shape)
 
 
-def dequantize_tensor(tensor: gguf.ReaderTensor) -> np.ndarray:
+def dequantize_tensor(tensor: GGUFTensor) -> np.ndarray:
     """The tensor as float32 in HF shape (GGUF lists dims innermost-first, HF outermost-first)."""
     try:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
@@ -97,7 +98,7 @@ def dequantize_tensor(tensor: gguf.ReaderTensor) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(hf_shape)
 
 
-def iter_hf_tensors(reader: gguf.GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+def iter_hf_tensors(reader: GGUFFile, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, float32 array) for every weight of the file, in HF layout, one at a time."""
     is_permuted = config["model_type"] in _PERMUTED_MODEL_TYPES
     num_heads = int(config["num_attention_heads"])
