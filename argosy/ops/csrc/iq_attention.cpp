@@ -332,47 +332,59 @@ ARGOSY_ATTN512 void chunk512(const Rows& a, const int64_t* table, int64_t h, int
         _mm512_store_ps(vf + i * dim + c * kLanes, load_half(a.v_cache + off[i] + c * kLanes));
 }
 
-// the scores of one (row, head) pair (q: fp32) at W * NB positions (kt: their first column of a
-// chunk). Not inlined, so its q broadcasts stay inside it; compiled with register-pressure-aware
-// scheduling (GCC otherwise spills a third of the accumulators)
-template <int C, int NB>
-ARGOSY_ATTN512 ARGOSY_ATTN_SCHED void qk512(const float* q, const float* kt, float* out, float scale) {
-  __m512 s01[NB], s23[NB];
+// the scores of NP (row, head) pairs (q: fp32, q_stride apart) at W * NB positions (kt: their first
+// column of a chunk), sharing each K load among the pairs. Not inlined, so its q broadcasts stay
+// inside it; compiled with register-pressure-aware scheduling (GCC otherwise spills a third of the
+// accumulators)
+template <int C, int NB, int NP>
+ARGOSY_ATTN512 ARGOSY_ATTN_SCHED void qk512(const float* q, int64_t q_stride, const float* kt, float* out,
+                                          int64_t out_stride, float scale) {
+  __m512 s01[NP][NB], s23[NP][NB];
 #pragma GCC unroll 4
   for (int quad = 0; quad < 4; ++quad) {
-    __m512 half[NB];  // a0 + a2, then + (a1 + a3)
+    __m512 half[NP][NB];  // a0 + a2, then + (a1 + a3)
 #pragma GCC unroll 2
     for (int odd = 0; odd < 2; ++odd) {
-      __m512 acc[NB][2];  // lanes 4 quad + odd and 4 quad + odd + 2
+      __m512 acc[NP][NB][2];  // lanes 4 quad + odd and 4 quad + odd + 2
 #pragma GCC unroll 2
       for (int e = 0; e < 2; ++e)
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
           const int d = c * kLanes + 4 * quad + odd + 2 * e;
-          const __m512 qb = _mm512_set1_ps(q[d]);
+          __m512 qb[NP];
+#pragma GCC unroll 4
+          for (int p = 0; p < NP; ++p) qb[p] = _mm512_set1_ps(q[p * q_stride + d]);
 #pragma GCC unroll 4
           for (int b = 0; b < NB; ++b) {  // the chain's first term a plain product (= fma(q, k, 0))
             const __m512 k = _mm512_load_ps(kt + d * kChunk + b * kLanes);
-            acc[b][e] = c == 0 ? _mm512_mul_ps(qb, k) : _mm512_fmadd_ps(qb, k, acc[b][e]);
+#pragma GCC unroll 4
+            for (int p = 0; p < NP; ++p)
+              acc[p][b][e] = c == 0 ? _mm512_mul_ps(qb[p], k) : _mm512_fmadd_ps(qb[p], k, acc[p][b][e]);
           }
         }
 #pragma GCC unroll 4
-      for (int b = 0; b < NB; ++b) {
-        const __m512 pair = _mm512_add_ps(acc[b][0], acc[b][1]);
-        half[b] = odd == 0 ? pair : _mm512_add_ps(half[b], pair);
-      }
+      for (int p = 0; p < NP; ++p)
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; ++b) {
+          const __m512 pair = _mm512_add_ps(acc[p][b][0], acc[p][b][1]);
+          half[p][b] = odd == 0 ? pair : _mm512_add_ps(half[p][b], pair);
+        }
     }
 #pragma GCC unroll 4
-    for (int b = 0; b < NB; ++b) {  // tree16: s_quad = (a0 + a2) + (a1 + a3), then (s0 + s1) + (s2 + s3)
-      if (quad == 0) s01[b] = half[b];
-      else if (quad == 1) s01[b] = _mm512_add_ps(s01[b], half[b]);
-      else if (quad == 2) s23[b] = half[b];
-      else s23[b] = _mm512_add_ps(s23[b], half[b]);
-    }
+    for (int p = 0; p < NP; ++p)
+#pragma GCC unroll 4
+      for (int b = 0; b < NB; ++b) {  // tree16: s_quad = (a0 + a2) + (a1 + a3), then (s0 + s1) + (s2 + s3)
+        if (quad == 0) s01[p][b] = half[p][b];
+        else if (quad == 1) s01[p][b] = _mm512_add_ps(s01[p][b], half[p][b]);
+        else if (quad == 2) s23[p][b] = half[p][b];
+        else s23[p][b] = _mm512_add_ps(s23[p][b], half[p][b]);
+      }
   }
 #pragma GCC unroll 4
-  for (int b = 0; b < NB; ++b)
-    _mm512_store_ps(out + b * kLanes, _mm512_mul_ps(_mm512_add_ps(s01[b], s23[b]), _mm512_set1_ps(scale)));
+  for (int p = 0; p < NP; ++p)
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b)
+      _mm512_store_ps(out + p * out_stride + b * kLanes, _mm512_mul_ps(_mm512_add_ps(s01[p][b], s23[p][b]), _mm512_set1_ps(scale)));
 }
 
 // scores (n > 0 of them) -> p (zero from n to the next multiple of 16); returns 1 / l
@@ -416,11 +428,11 @@ ARGOSY_ATTN512 ARGOSY_ATTN_SCHED float softmax512(float* sc, int64_t n) {
   return 1.0f / tree16(parts);
 }
 
-// acc[v] += p_v[i] * vf[i] over the chunk's positions i < len[v] - j0, for NV (row, head) pairs
-template <int C, int NV>
-ARGOSY_ATTN512 inline void pv512(const float* p, int64_t p_stride, const float* vf, const int64_t* len, int64_t j0,
-                                 float* acc) {
-  constexpr int dim = C * kLanes;
+// acc[v] += p_v[i] * vf[i] over the chunk's positions i < len[v] - j0, for NV (row, head) pairs and
+// K vectors of dimensions (at vf and acc; their rows dim apart)
+template <int K, int NV>
+ARGOSY_ATTN512 inline void pv512(const float* p, int64_t p_stride, const float* vf, int64_t dim, const int64_t* len,
+                                 int64_t j0, float* acc) {
   int64_t count[NV], lo = kChunk, hi = 0;
   for (int v = 0; v < NV; ++v) {
     count[v] = std::clamp<int64_t>(len[v] - j0, 0, kChunk);
@@ -428,20 +440,20 @@ ARGOSY_ATTN512 inline void pv512(const float* p, int64_t p_stride, const float* 
     hi = std::max(hi, count[v]);
   }
   if (hi == 0) return;
-  __m512 ac[NV][C];
+  __m512 ac[NV][K];
 #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) ac[v][c] = _mm512_load_ps(acc + v * dim + c * kLanes);
+    for (int c = 0; c < K; ++c) ac[v][c] = _mm512_load_ps(acc + v * dim + c * kLanes);
   for (int64_t i = 0; i < lo; ++i) {  // every pair
-    __m512 vv[C];
+    __m512 vv[K];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) vv[c] = _mm512_load_ps(vf + i * dim + c * kLanes);
+    for (int c = 0; c < K; ++c) vv[c] = _mm512_load_ps(vf + i * dim + c * kLanes);
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       const __m512 pb = _mm512_set1_ps(p[v * p_stride + i]);
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) ac[v][c] = _mm512_fmadd_ps(pb, vv[c], ac[v][c]);
+      for (int c = 0; c < K; ++c) ac[v][c] = _mm512_fmadd_ps(pb, vv[c], ac[v][c]);
     }
   }
   for (int64_t i = lo; i < hi; ++i) {  // the pairs that still see position j0 + i
@@ -450,22 +462,22 @@ ARGOSY_ATTN512 inline void pv512(const float* p, int64_t p_stride, const float* 
       if (i >= count[v]) continue;
       const __m512 pb = _mm512_set1_ps(p[v * p_stride + i]);
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) ac[v][c] = _mm512_fmadd_ps(pb, _mm512_load_ps(vf + i * dim + c * kLanes), ac[v][c]);
+      for (int c = 0; c < K; ++c) ac[v][c] = _mm512_fmadd_ps(pb, _mm512_load_ps(vf + i * dim + c * kLanes), ac[v][c]);
     }
   }
 #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) _mm512_store_ps(acc + v * dim + c * kLanes, ac[v][c]);
+    for (int c = 0; c < K; ++c) _mm512_store_ps(acc + v * dim + c * kLanes, ac[v][c]);
 }
 
 // pv512 for nv <= NV pairs
-template <int C, int NV>
-ARGOSY_ATTN512 inline void pv512_up_to(int64_t nv, const float* p, int64_t p_stride, const float* vf,
+template <int K, int NV>
+ARGOSY_ATTN512 inline void pv512_up_to(int64_t nv, const float* p, int64_t p_stride, const float* vf, int64_t dim,
                                        const int64_t* len, int64_t j0, float* acc) {
   if constexpr (NV > 1)
-    if (nv < NV) return pv512_up_to<C, NV - 1>(nv, p, p_stride, vf, len, j0, acc);
-  pv512<C, NV>(p, p_stride, vf, len, j0, acc);
+    if (nv < NV) return pv512_up_to<K, NV - 1>(nv, p, p_stride, vf, dim, len, j0, acc);
+  pv512<K, NV>(p, p_stride, vf, dim, len, j0, acc);
 }
 
 // the pieces a tile takes from this path (called, not inlined: each carries its target)
@@ -475,23 +487,47 @@ ARGOSY_ATTN512 void widen512(const float* src, float* dst) {  // q into aligned 
   for (int c = 0; c < C; ++c) _mm512_store_ps(dst + c * kLanes, _mm512_loadu_ps(src + c * kLanes));
 }
 
-// scores at the first 16 * blocks positions of a chunk
+// the scores of `count` pairs (q_stride and out_stride apart) at the first 16 * blocks positions of
+// a chunk: a pair at a time for four blocks of positions (its q broadcast once for four K loads),
+// or, from head dim 128 up (a chunk's K^T outgrows L1), four pairs at a time for each block (each
+// K load from L2 shared by four pairs). Every score is the same chain either way.
 template <int C>
-ARGOSY_ATTN512 void scores512(const float* q, const float* kt, float* out, int64_t blocks, float scale) {
-  if (blocks == 4) qk512<C, 4>(q, kt, out, scale);
-  else if (blocks == 3) qk512<C, 3>(q, kt, out, scale);
-  else if (blocks == 2) qk512<C, 2>(q, kt, out, scale);
-  else qk512<C, 1>(q, kt, out, scale);
+ARGOSY_ATTN512 void scores512(int64_t count, const float* q, int64_t q_stride, const float* kt, float* out,
+                              int64_t out_stride, int64_t blocks, float scale) {
+  int64_t rg = 0;
+  if constexpr (C >= 8)
+    for (; rg + 4 <= count; rg += 4)
+      for (int64_t b = 0; b < blocks; ++b)
+        qk512<C, 1, 4>(q + rg * q_stride, q_stride, kt + b * kLanes, out + rg * out_stride + b * kLanes, out_stride,
+                       scale);
+  for (; rg < count; ++rg) {
+    const float* qr = q + rg * q_stride;
+    float* o = out + rg * out_stride;
+    if (blocks == 4) qk512<C, 4, 1>(qr, 0, kt, o, 0, scale);
+    else if (blocks == 3) qk512<C, 3, 1>(qr, 0, kt, o, 0, scale);
+    else if (blocks == 2) qk512<C, 2, 1>(qr, 0, kt, o, 0, scale);
+    else qk512<C, 1, 1>(qr, 0, kt, o, 0, scale);
+  }
 }
 
-// the weighted sums of `count` pairs over a chunk, NV pairs sharing each V row
+// the weighted sums of `count` pairs over a chunk, NV pairs sharing each V load. Up to 128
+// dimensions a row at once (NV pairs' accumulators, one V row and p in the 32 registers); above,
+// 64 dimensions at a time for 6 pairs (head dim 256: one pair at a time read each V vector per
+// FMA, from L2, and was two thirds of Gemma 3's prefill attention)
 template <int C>
 ARGOSY_ATTN512 void values512(int64_t count, const float* p, int64_t p_stride, const float* vf, const int64_t* len,
                               int64_t j0, float* acc) {
-  // accumulators + one V row + p in the 32 registers (at least one pair: head dim 256 spills)
-  constexpr int NV = std::max(1, std::min(8, (29 - C) / C));
-  for (int64_t rg = 0; rg < count; rg += NV)
-    pv512_up_to<C, NV>(count - rg, p + rg * p_stride, p_stride, vf, len + rg, j0, acc + rg * C * kLanes);
+  constexpr int64_t dim = C * kLanes;
+  if constexpr (C <= 8) {
+    constexpr int NV = std::max(1, std::min(8, (29 - C) / C));
+    for (int64_t rg = 0; rg < count; rg += NV)
+      pv512_up_to<C, NV>(count - rg, p + rg * p_stride, p_stride, vf, dim, len + rg, j0, acc + rg * dim);
+  } else {
+    static_assert(C % 4 == 0, "head dims above 128 go 64 at a time");
+    for (int64_t d0 = 0; d0 < dim; d0 += 4 * kLanes)
+      for (int64_t rg = 0; rg < count; rg += 6)
+        pv512_up_to<4, 6>(count - rg, p + rg * p_stride, p_stride, vf + d0, dim, len + rg, j0, acc + rg * dim + d0);
+  }
 }
 
 // -- AVX2 + FMA --
@@ -580,44 +616,56 @@ ARGOSY_ATTN256 void chunk256(const Rows& a, const int64_t* table, int64_t h, int
         _mm256_store_ps(vf + i * dim + c * kW8, load_half8(a.v_cache + off[i] + c * kW8));
 }
 
-template <int C, int NB>
-ARGOSY_ATTN256 ARGOSY_ATTN_SCHED void qk256(const float* q, const float* kt, float* out, float scale) {
-  __m256 s01[NB], s23[NB];
+// qk512 for 8 positions a vector
+template <int C, int NB, int NP>
+ARGOSY_ATTN256 ARGOSY_ATTN_SCHED void qk256(const float* q, int64_t q_stride, const float* kt, float* out,
+                                          int64_t out_stride, float scale) {
+  __m256 s01[NP][NB], s23[NP][NB];
 #pragma GCC unroll 4
   for (int quad = 0; quad < 4; ++quad) {
-    __m256 half[NB];  // a0 + a2, then + (a1 + a3)
+    __m256 half[NP][NB];  // a0 + a2, then + (a1 + a3)
 #pragma GCC unroll 2
     for (int odd = 0; odd < 2; ++odd) {
-      __m256 acc[NB][2];  // lanes 4 quad + odd and 4 quad + odd + 2
+      __m256 acc[NP][NB][2];  // lanes 4 quad + odd and 4 quad + odd + 2
 #pragma GCC unroll 2
       for (int e = 0; e < 2; ++e)
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) {
           const int d = c * kLanes + 4 * quad + odd + 2 * e;
-          const __m256 qb = _mm256_broadcast_ss(q + d);
+          __m256 qb[NP];
+#pragma GCC unroll 4
+          for (int p = 0; p < NP; ++p) qb[p] = _mm256_broadcast_ss(q + p * q_stride + d);
 #pragma GCC unroll 4
           for (int b = 0; b < NB; ++b) {  // the chain's first term a plain product (= fma(q, k, 0))
             const __m256 k = _mm256_load_ps(kt + d * kChunk + b * kW8);
-            acc[b][e] = c == 0 ? _mm256_mul_ps(qb, k) : _mm256_fmadd_ps(qb, k, acc[b][e]);
+#pragma GCC unroll 4
+            for (int p = 0; p < NP; ++p)
+              acc[p][b][e] = c == 0 ? _mm256_mul_ps(qb[p], k) : _mm256_fmadd_ps(qb[p], k, acc[p][b][e]);
           }
         }
 #pragma GCC unroll 4
-      for (int b = 0; b < NB; ++b) {
-        const __m256 pair = _mm256_add_ps(acc[b][0], acc[b][1]);
-        half[b] = odd == 0 ? pair : _mm256_add_ps(half[b], pair);
-      }
+      for (int p = 0; p < NP; ++p)
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; ++b) {
+          const __m256 pair = _mm256_add_ps(acc[p][b][0], acc[p][b][1]);
+          half[p][b] = odd == 0 ? pair : _mm256_add_ps(half[p][b], pair);
+        }
     }
 #pragma GCC unroll 4
-    for (int b = 0; b < NB; ++b) {  // tree16: s_quad = (a0 + a2) + (a1 + a3), then (s0 + s1) + (s2 + s3)
-      if (quad == 0) s01[b] = half[b];
-      else if (quad == 1) s01[b] = _mm256_add_ps(s01[b], half[b]);
-      else if (quad == 2) s23[b] = half[b];
-      else s23[b] = _mm256_add_ps(s23[b], half[b]);
-    }
+    for (int p = 0; p < NP; ++p)
+#pragma GCC unroll 4
+      for (int b = 0; b < NB; ++b) {  // tree16: s_quad = (a0 + a2) + (a1 + a3), then (s0 + s1) + (s2 + s3)
+        if (quad == 0) s01[p][b] = half[p][b];
+        else if (quad == 1) s01[p][b] = _mm256_add_ps(s01[p][b], half[p][b]);
+        else if (quad == 2) s23[p][b] = half[p][b];
+        else s23[p][b] = _mm256_add_ps(s23[p][b], half[p][b]);
+      }
   }
 #pragma GCC unroll 4
-  for (int b = 0; b < NB; ++b)
-    _mm256_store_ps(out + b * kW8, _mm256_mul_ps(_mm256_add_ps(s01[b], s23[b]), _mm256_set1_ps(scale)));
+  for (int p = 0; p < NP; ++p)
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b)
+      _mm256_store_ps(out + p * out_stride + b * kW8, _mm256_mul_ps(_mm256_add_ps(s01[p][b], s23[p][b]), _mm256_set1_ps(scale)));
 }
 
 ARGOSY_ATTN256 ARGOSY_ATTN_SCHED float softmax256(float* sc, int64_t n) {
@@ -719,9 +767,18 @@ ARGOSY_ATTN256 void widen256(const float* src, float* dst) {  // q into aligned 
   for (int c = 0; c < 2 * C; ++c) _mm256_store_ps(dst + c * kW8, _mm256_loadu_ps(src + c * kW8));
 }
 
+// scores512's, 8 positions a vector: two blocks for a pair, or (head dim 128 up) two pairs a block
 template <int C>
-ARGOSY_ATTN256 void scores256(const float* q, const float* kt, float* out, int64_t blocks, float scale) {
-  for (int64_t b = 0; b < blocks; ++b) qk256<C, 2>(q, kt + b * kLanes, out + b * kLanes, scale);
+ARGOSY_ATTN256 void scores256(int64_t count, const float* q, int64_t q_stride, const float* kt, float* out,
+                              int64_t out_stride, int64_t blocks, float scale) {
+  int64_t rg = 0;
+  if constexpr (C >= 8)
+    for (; rg + 2 <= count; rg += 2)
+      for (int64_t b = 0; b < 2 * blocks; ++b)
+        qk256<C, 1, 2>(q + rg * q_stride, q_stride, kt + b * kW8, out + rg * out_stride + b * kW8, out_stride, scale);
+  for (; rg < count; ++rg)
+    for (int64_t b = 0; b < blocks; ++b)
+      qk256<C, 2, 1>(q + rg * q_stride, 0, kt + b * kLanes, out + rg * out_stride + b * kLanes, 0, scale);
 }
 
 // 32 dimensions at a time (16 for the last of an odd C), 3 (or 4) pairs sharing each V load
@@ -786,8 +843,7 @@ void tile(const Rows& a, const Tile& t) {
     const float* kt = own;
     if (own != nullptr) Path::chunk(a, t.table, t.h, j0, n, own, nullptr);
     else kt = t.shared + ch * 2 * kChunk * dim;
-    for (int64_t rg = 0; rg < count; ++rg)
-      Path::scores(qf + rg * dim, kt, sc + rg * padded + j0, (n + kLanes - 1) / kLanes, a.scale);
+    Path::scores(count, qf, dim, kt, sc + j0, padded, (n + kLanes - 1) / kLanes, a.scale);
   }
   for (int64_t rg = 0; rg < count; ++rg)
     inv[rg] = windowed_softmax(Path::softmax, sc + rg * padded, start[rg], len[rg], s.window);
