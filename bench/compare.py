@@ -240,7 +240,7 @@ def run_system(
                 with contextlib.suppress(httpx.HTTPError):
                     late = server.compile_state()[1] - server.compiled_graphs_at_start
                     result.notes.append(
-                        f"{', '.join(names)}: measured after the decode graphs compiled; "
+                        f"{', '.join(names)}: kernels {server.kernels}; measured after the decode graphs compiled; "
                         + (
                             f"{late} more compiled during the workloads"
                             if late
@@ -292,8 +292,12 @@ def machine_line() -> str:
                 break
     except OSError:
         pass
-    extras = [flag for flag in ("avx512f", "avx512_bf16", "amx_bf16") if f" {flag}" in flags]
-    return f"nproc {os.cpu_count()}, {model_name} ({', '.join(extras) or 'no AVX-512'})"
+    extras = [
+        flag
+        for flag in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+        if f" {flag}" in flags
+    ]
+    return f"nproc {os.cpu_count()}, {model_name} ({', '.join(extras) or 'no AVX2'})"
 
 
 def versions_line() -> str:

@@ -282,6 +282,7 @@ class RunningServer:
         self.other_cpu_percent: float | None = None
         self.compiled_graphs_at_start: int | None = None
         self.compile_wait_s = 0.0
+        self.kernels: str | None = None  # Argosy: the ops its steps run (/v1/models), e.g. its kernel path
         try:
             self._wait_healthy(startup_timeout_s)
             if spec.name.startswith("argosy"):
@@ -295,6 +296,7 @@ class RunningServer:
         """Argosy: each model's compile status (/v1/models) and the graphs compiled so far."""
         data = httpx.get(self.base_url + "/v1/models", timeout=10.0).json()["data"]
         caps = [model["capabilities"] for model in data if model["capabilities"].get("kind") == "chat"]
+        self.kernels = ", ".join(sorted({str(c["kernels"]) for c in caps if c.get("kernels")})) or None
         return [c.get("compile") or "off" for c in caps], max(
             (c.get("compiled_graphs") or 0 for c in caps), default=0
         )

@@ -77,6 +77,7 @@ class ModelInfo:
     compiled_decode: bool | None = None  # decode steps run a torch.compile graph now
     compile_status: str | None = None  # off | compiling | ready | failed (EngineStats)
     compiled_graphs: int | None = None  # decode graphs compiled in the process so far
+    kernels: str | None = None  # the ops its steps run, e.g. native+invariant-avx512-vnni
     deterministic: bool | None = None  # tokens independent of batch, chunking, cache (--numerics invariant)
     dimensions: int | None = None  # embedding models: the vector's length
     memory_bytes: int | None = None  # loaded: weights and buffers (+ KV pool), as allocated
@@ -228,6 +229,7 @@ class ModelService:
             compiled_decode=compile_status == "ready" if compile_status else description.compiled_decode,
             compile_status=compile_status,
             compiled_graphs=stats.compiled_graphs if stats is not None else None,
+            kernels=description.kernels,
             deterministic=description.deterministic,
             has_thinking=self._chat_profile is not None and self._chat_profile.has_reasoning,
             has_tools=self._chat_profile is not None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -69,6 +70,12 @@ def test_models_say_int4_invariant_and_compiled(default_server: ServerProcess, c
     caps = wait_compiled(default_server.base_url, MODEL)
     assert caps["compiled_decode"] is True and caps["compile"] == "ready"
     assert caps["deterministic"] is True
+    # the invariant kernels, on the best path this CPU has
+    flags = Path("/proc/cpuinfo").read_text()
+    paths = ["avx512-vnni"] if " avx512_vnni" in flags else ["avx2"]
+    if " amx_int8" in flags:  # where Linux grants the tile state
+        paths.append("amx-int8")
+    assert caps["kernels"] in [f"native+invariant-{path}" for path in paths]
     assert caps["weights"] == (
         "int4 (GGUF Q4 blocks), int8 output head (invariant kernels: every row count, fp32 logits)"
     )

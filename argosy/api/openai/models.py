@@ -69,6 +69,7 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "compiled_decode": info.compiled_decode,
             "compile": info.compile_status,
             "compiled_graphs": info.compiled_graphs,
+            "kernels": info.kernels,
             "deterministic": info.deterministic,
         }
     return {
