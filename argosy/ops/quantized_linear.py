@@ -147,8 +147,8 @@ def invariant_q8_layout(
     codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """int8 codes [N, K], scales [N, K/G] (G = 32 or 16) and mins [N, K/32] (or None) -> the
-    invariant kernel's layout: codes [N/16, K/4, 16, 4], each weight group's code sum int32
-    [N/16, K/G, 16] (its VNNI path's correction for x biased to unsigned), the scales float32
+    invariant kernel's layout: codes [N/16, K/4, 16, 4], -128 times each weight group's code sum
+    int32 [N/16, K/G, 16] (its VNNI path's start for x biased to unsigned), the scales float32
     [N/16, K/G, 16] and the mins float32 [N/16, K/32, 16]. Codes of -128 are refused (ValueError:
     the AVX2 path negates codes)."""
     n, k = codes.shape
@@ -156,7 +156,7 @@ def invariant_q8_layout(
         raise ValueError("int8 codes of -128 are outside the kernels' [-127, 127]")
     group = k // scales.shape[1]
     tiles = codes.view(n // _TILE, _TILE, k // 4, 4).permute(0, 2, 1, 3).contiguous()
-    sums = codes.view(n // _TILE, _TILE, k // group, group).sum(-1, dtype=torch.int32)
+    sums = codes.view(n // _TILE, _TILE, k // group, group).sum(-1, dtype=torch.int32) * -128
 
     def per_tile(t: torch.Tensor) -> torch.Tensor:
         return t.float().reshape(n // _TILE, _TILE, -1).transpose(1, 2).contiguous()

@@ -43,8 +43,8 @@
 //   Q4 codes uint8 [N/16, K/32, 4, 16, 4]: [t, g, c, i, b] = q[16t+i, 32g+8c+b] | q[16t+i, 32g+8c+4+b] << 4
 //   Q4 scales, mins float16 [N/16, K/32, 16] (the file's own fp16 values)
 //   Q8 codes int8 [N/16, K/4, 16, 4]: [t, j, i, b] = q[16t+i, 4j+b]
-//   Q8 wsum int32 [N/16, K/G, 16]: the sum of a weight group's codes (VNNI multiplies unsigned
-//     by signed bytes: x goes in biased by 128, and 128 * wsum comes off again)
+//   Q8 wsum int32 [N/16, K/G, 16]: -128 times the sum of a weight group's codes (VNNI multiplies
+//     unsigned by signed bytes: x goes in biased by 128, and each dot product starts from wsum)
 //   Q8 scales float32 [N/16, K/G, 16], mins float32 [N/16, K/32, 16] (codes of -128 are refused: the AVX2 path moves x's
 //     sign onto the codes)
 // so one 64-byte load holds 4 consecutive k of 16 outputs: the byte dot-product instructions
@@ -383,9 +383,11 @@ ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, int64_t k, const float* dx,
   const __m512i low = _mm512_set1_epi8(0x0f);
   const int64_t tile_bytes = groups * 256, tile_scales = groups * kTile;
   for (int64_t g = 0; g < groups; ++g) {
-    __m512i dot[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) dot[r][t] = _mm512_setzero_si512();
+    __m512i dot[R][T];  // each starts from -8 sq: the sum is then xq . (q - 8), exactly
+    for (int r = 0; r < R; ++r) {
+      const __m512i start = _mm512_set1_epi32(-8 * sq[r * groups + g]);
+      for (int t = 0; t < T; ++t) dot[r][t] = start;
+    }
     for (int c = 0; c < 4; ++c) {
       __m512i xl[R], xh[R];
       for (int r = 0; r < R; ++r) {
@@ -413,8 +415,7 @@ ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, int64_t k, const float* dx,
       const __m512 c = _mm512_fmadd_ps(_mm512_set1_ps(8.0f), d, m);
       for (int r = 0; r < R; ++r) {
         const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g]));
-        const __m512i centred = _mm512_sub_epi32(dot[r][t], _mm512_set1_epi32(8 * sq[r * groups + g]));
-        acc[r][t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(centred), acc[r][t]);
+        acc[r][t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(dot[r][t]), acc[r][t]);
         acc[r][t] = _mm512_fmadd_ps(c, _mm512_set1_ps(ux[r * groups + g]), acc[r][t]);
       }
     }
@@ -431,12 +432,14 @@ ARGOSY_AVX512 void q8_avx512_block(const uint8_t* xu, int64_t k, const float* dx
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   const int64_t tile_bytes = k * kTile, tile_groups = groups * H * kTile, tile_mins = groups * kTile;
-  const __m512i bias = _mm512_set1_epi32(128);
   for (int64_t g = 0; g < groups; ++g) {
     for (int hg = 0; hg < H; ++hg) {
+      // each sum starts from -128 * sum(w): (x + 128) . w - 128 * sum(w) = x . w, exactly
       __m512i dot[R][T];
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < T; ++t) dot[r][t] = _mm512_setzero_si512();
+      for (int t = 0; t < T; ++t) {
+        const __m512i start = _mm512_loadu_si512(wsum + t * tile_groups + (g * H + hg) * kTile);
+        for (int r = 0; r < R; ++r) dot[r][t] = start;
+      }
       for (int64_t j = 8 * g + (8 / H) * hg; j < 8 * g + (8 / H) * (hg + 1); ++j) {
         __m512i xs[R];
         for (int r = 0; r < R; ++r) {
@@ -450,12 +453,9 @@ ARGOSY_AVX512 void q8_avx512_block(const uint8_t* xu, int64_t k, const float* dx
         }
       }
       for (int t = 0; t < T; ++t) {
-        const int64_t at = t * tile_groups + (g * H + hg) * kTile;
-        // (x + 128) . w - 128 * sum(w) = x . w, exactly
-        const __m512i correction = _mm512_mullo_epi32(_mm512_loadu_si512(wsum + at), bias);
-        const __m512 d = _mm512_loadu_ps(scales + at);
+        const __m512 d = _mm512_loadu_ps(scales + t * tile_groups + (g * H + hg) * kTile);
         for (int r = 0; r < R; ++r) {
-          const __m512 dot_f = _mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][t], correction));
+          const __m512 dot_f = _mm512_cvtepi32_ps(dot[r][t]);
           acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g])), dot_f, acc[r][t]);
         }
       }
