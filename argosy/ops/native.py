@@ -164,7 +164,7 @@ def _register_invariant_fakes() -> None:
         return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
 
     @torch.library.register_fake("argosy_iq::q8_linear")
-    def _(x, codes, wsum, scales, mins, out_features, out_float32):  # type: ignore[no-untyped-def]
+    def _(x, codes, scales, mins, out_features, out_float32):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
 
 

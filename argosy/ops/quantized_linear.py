@@ -143,30 +143,30 @@ class BlockCodes:
         )
 
 
+def _exactly_half(t: torch.Tensor) -> bool:
+    as_float = t.float()
+    return bool(torch.equal(as_float.half().float(), as_float))
+
+
 def invariant_q8_layout(
     codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """int8 codes [N, K], scales [N, K/G] (G = 32 or 16) and mins [N, K/32] (or None) -> the
-    invariant kernel's layout: codes [N/16, K/4, 16, 4], -128 times each weight group's code sum
-    int32 [N/16, K/G, 16] (its VNNI path's start for x biased to unsigned), the scales float32
-    [N/16, K/G, 16] and the mins float32 [N/16, K/32, 16]. Codes of -128 are refused (ValueError:
-    the AVX2 path negates codes)."""
+    invariant kernel's layout: codes [N/16, K/4, 16, 4], the scales [N/16, K/G, 16] and the mins
+    [N/16, K/32, 16], in float16 where every scale and min is exactly a float16 (Q8_0, Q5_0,
+    Q5_1: the file's own values, half the bytes a step reads), else float32 (the K-quants'
+    d * sc). Codes of -128 are refused (ValueError: the AVX2 path negates codes)."""
     n, k = codes.shape
     if bool((codes == -128).any()):
         raise ValueError("int8 codes of -128 are outside the kernels' [-127, 127]")
-    group = k // scales.shape[1]
     tiles = codes.view(n // _TILE, _TILE, k // 4, 4).permute(0, 2, 1, 3).contiguous()
-    sums = codes.view(n // _TILE, _TILE, k // group, group).sum(-1, dtype=torch.int32) * -128
+    half = _exactly_half(scales) and (mins is None or _exactly_half(mins))
+    dtype = torch.float16 if half else torch.float32
 
     def per_tile(t: torch.Tensor) -> torch.Tensor:
-        return t.float().reshape(n // _TILE, _TILE, -1).transpose(1, 2).contiguous()
+        return t.float().to(dtype).reshape(n // _TILE, _TILE, -1).transpose(1, 2).contiguous()
 
-    return (
-        tiles,
-        sums.transpose(1, 2).contiguous(),
-        per_tile(scales),
-        None if mins is None else per_tile(mins),
-    )
+    return tiles, per_tile(scales), None if mins is None else per_tile(mins)
 
 
 class Int4Linear(nn.Module):
@@ -259,13 +259,10 @@ class Int8Linear(nn.Module):
                 assert weight is not None
                 rows = weight_rows or (lambda start, stop: weight.detach()[start:stop])
                 blocks = BlockCodes(*q8_group_codes(rows, self.out_features, self.in_features))
-            iq_codes, iq_sums, iq_scales, iq_mins = invariant_q8_layout(
-                blocks.codes, blocks.scales, blocks.mins
-            )
+            iq_codes, iq_scales, iq_mins = invariant_q8_layout(blocks.codes, blocks.scales, blocks.mins)
             self.register_buffer("iq_codes", iq_codes)
-            self.register_buffer("iq_sums", iq_sums)
-            self.register_buffer("iq_scales", iq_scales)  # float32
-            self.register_buffer("iq_mins", iq_mins)  # float32, or None
+            self.register_buffer("iq_scales", iq_scales)  # float16 where exact, else float32
+            self.register_buffer("iq_mins", iq_mins)  # as the scales, or None
             self.group = blocks.group
             self.native = False
             return
@@ -293,7 +290,6 @@ class Int8Linear(nn.Module):
             out = torch.ops.argosy_iq.q8_linear(
                 x2.contiguous(),
                 self.iq_codes,
-                self.iq_sums,
                 self.iq_scales,
                 self.iq_mins,
                 self.out_features,
@@ -348,9 +344,9 @@ class CodesEmbedding(nn.Module):
         ids, k, group = input_ids.reshape(-1), self.embedding_dim, head.group
         tile, lane = ids // _TILE, ids % _TILE
         codes = all_codes[tile, :, lane, :].reshape(-1, k // group, group)
-        rows = codes.float() * all_scales[tile, :, lane][..., None]
+        rows = codes.float() * all_scales[tile, :, lane].float()[..., None]
         if head.iq_mins is not None:
-            mins = cast(torch.Tensor, head.iq_mins)[tile, :, lane]
+            mins = cast(torch.Tensor, head.iq_mins)[tile, :, lane].float()
             rows = rows.reshape(-1, k // GROUP_SIZE, GROUP_SIZE) + mins[..., None]
         return rows.reshape(*input_ids.shape, k)
 

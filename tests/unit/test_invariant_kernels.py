@@ -272,6 +272,31 @@ def test_block_codes_give_the_reference_bits_on_every_path_and_the_quantized_pro
         assert torch.equal(bits(alone), bits(reference)), path
 
 
+@pytest.mark.parametrize(("group", "with_mins"), [(32, False), (32, True), (16, False)])
+def test_q8_scales_held_as_float16_where_exact_give_the_float32_forms_bits(
+    paths: list[str], group: int, with_mins: bool
+) -> None:
+    """Scales and mins that are all float16 values (Q8_0, Q5_0, Q5_1) are held so, half the
+    bytes; one value that is not keeps the whole tensor in float32; both forms give the same
+    bits on every path."""
+    n, k = 32, 128
+    weight = block_weight(n, k, group, with_mins, seed=7 + group)
+    weight.scales = weight.scales.half().float()
+    if weight.mins is not None:
+        weight.mins = weight.mins.half().float()
+    half = invariant_q8_layout(weight.codes, weight.scales, weight.mins)
+    assert half[1].dtype == torch.float16 and (half[2] is None or half[2].dtype == torch.float16)
+    full = tuple(None if t is None else (t.float() if t.is_floating_point() else t) for t in half)
+    nudged = weight.scales.clone()
+    nudged[0, 0] = nudged[0, 0] * (1 + 2**-20)  # not a float16 value
+    assert invariant_q8_layout(weight.codes, nudged, weight.mins)[1].dtype == torch.float32
+    x = rows(max(ROW_COUNTS), k, seed=3)
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        for count in ROW_COUNTS:
+            assert torch.equal(bits(q8(x[:count], half, n)), bits(q8(x[:count], full, n))), (path, count)
+
+
 def test_fused_parts_of_different_formats_keep_every_value() -> None:
     """A fused layer whose parts are Q4_K-like (per 32, mins) and Q6_K-like (per 16, none), as
     Q4_K_M files mix them: one form (per 16, zero mins where none) with every value kept, read

@@ -3,7 +3,7 @@
 // argosy_iq::q4_linear(x, codes, scales, mins, out_features, out_float32): GGUF Q4_0/Q4_1
 //   weights, w[n, k] = d[n, g] * q[n, k] + m[n, g] for the group g = k / 32 (the file's own
 //   codes, scales and minimums; Q4_0 is m = -8 d).
-// argosy_iq::q8_linear(x, codes, wsum, scales, mins, out_features, out_float32): int8 codes,
+// argosy_iq::q8_linear(x, codes, scales, mins, out_features, out_float32): int8 codes,
 //   w[n, k] = s[n, k / G] * q[n, k] (+ m[n, k / 32] when mins are given), G = 32 or 16
 //   (K / scales.size(1)). Every GGUF block format whose weights are an int8 code
 //   times a scale plus a minimum, per 32 or 16 weights, holds its values here exactly:
@@ -20,7 +20,9 @@
 //      routine and an AVX-512 one with the same operations (so the same bits); it depends on
 //      the row alone.
 //   2. Per row, output and group: the integer dot product of xq with the codes (exact: int32);
-//      Q4 centres its codes, dot - 8 * sq = xq . (q - 8).
+//      Q4 centres its codes, dot - 8 * sq = xq . (q - 8). (VNNI multiplies unsigned by signed
+//      bytes: the Q8 path feeds it the codes biased to unsigned, q + 128, and starts each sum
+//      from -128 times the sum of xq over the weight group: the same integer.)
 //   3. Per row and output, the groups in k order, in fp32 with fused multiply-adds:
 //        Q4: acc = fma(d * dx, float(dot - 8 sq), acc); acc = fma(fma(8, d, m), ux, acc)
 //            (d q + m = d (q - 8) + (m + 8 d); Q4_0's m + 8 d is 0)
@@ -43,10 +45,10 @@
 //   Q4 codes uint8 [N/16, K/32, 4, 16, 4]: [t, g, c, i, b] = q[16t+i, 32g+8c+b] | q[16t+i, 32g+8c+4+b] << 4
 //   Q4 scales, mins float16 [N/16, K/32, 16] (the file's own fp16 values)
 //   Q8 codes int8 [N/16, K/4, 16, 4]: [t, j, i, b] = q[16t+i, 4j+b]
-//   Q8 wsum int32 [N/16, K/G, 16]: -128 times the sum of a weight group's codes (VNNI multiplies
-//     unsigned by signed bytes: x goes in biased by 128, and each dot product starts from wsum)
-//   Q8 scales float32 [N/16, K/G, 16], mins float32 [N/16, K/32, 16] (codes of -128 are refused: the AVX2 path moves x's
-//     sign onto the codes)
+//   Q8 scales [N/16, K/G, 16], mins [N/16, K/32, 16]: float16 where every value is one (Q8_0,
+//     Q5_0, Q5_1: the file's own fp16 values, half the bytes), else float32 (the K-quants'
+//     d * sc); both converted exactly. Codes of -128 are refused: the AVX2 path moves x's sign
+//     onto the codes
 // so one 64-byte load holds 4 consecutive k of 16 outputs: the byte dot-product instructions
 // (vpdpbusd; vpmaddubsw + vpmaddwd on AVX2) sum them per 32-bit lane, one lane per output.
 //
@@ -241,15 +243,19 @@ void q4_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const uint
 
 // the Q8 weight: codes, per weight group its code sum, scale and (or nullptr) minimum; H weight
 // groups (of 32 / H) to a group of x
+template <typename S>
 struct Q8Weight {
   const int8_t* codes;
-  const int32_t* wsum;
-  const float* scales;
-  const float* mins;
+  const S* scales;
+  const S* mins;  // nullptr: none
   int64_t h;
 };
 
-void q8_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const Q8Weight& w, int64_t t0, int64_t t1,
+inline float scale_value(float s) { return s; }
+inline float scale_value(uint16_t s) { return half_to_float(s); }
+
+template <typename S>
+void q8_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const Q8Weight<S>& w, int64_t t0, int64_t t1,
                const Output& out) {
   const int64_t k = groups * kGroup, quads = 8 / w.h;
   float acc[kTile];
@@ -265,9 +271,10 @@ void q8_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const Q8We
               for (int64_t b = 0; b < 4; ++b)
                 dot += static_cast<int32_t>(w.codes[((t * (k / 4) + j) * kTile + i) * 4 + b]) * xq[4 * j + b];
             const int64_t wg = (t * groups * w.h + g * w.h + h) * kTile + i;
-            acc[i] = std::fma(w.scales[wg] * xr.dx[r * groups + g], static_cast<float>(dot), acc[i]);
+            acc[i] = std::fma(scale_value(w.scales[wg]) * xr.dx[r * groups + g], static_cast<float>(dot), acc[i]);
           }
-          if (w.mins != nullptr) acc[i] = std::fma(w.mins[(t * groups + g) * kTile + i], xr.ux[r * groups + g], acc[i]);
+          if (w.mins != nullptr)
+            acc[i] = std::fma(scale_value(w.mins[(t * groups + g) * kTile + i]), xr.ux[r * groups + g], acc[i]);
         }
       }
       out.put(r, t * kTile, acc, kTile);
@@ -327,9 +334,14 @@ ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
   }
 }
 
-template <int R, int H, bool Mins>
+ARGOSY_AVX2 inline __m256 load8_scales(const float* p) { return _mm256_loadu_ps(p); }
+ARGOSY_AVX2 inline __m256 load8_scales(const uint16_t* p) {  // exact
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <int R, int H, bool Mins, typename S>
 ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, const float* ux, int64_t groups,
-                              const int8_t* codes, const float* scales, const float* mins, float* res) {
+                              const int8_t* codes, const S* scales, const S* mins, float* res) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
@@ -349,7 +361,7 @@ ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
         }
       }
       for (int h = 0; h < 2; ++h) {
-        const __m256 d = _mm256_loadu_ps(scales + (g * H + hg) * kTile + 8 * h);
+        const __m256 d = load8_scales(scales + (g * H + hg) * kTile + 8 * h);
         for (int r = 0; r < R; ++r) {
           const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
           acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[r][h]), acc[r][h]);
@@ -358,7 +370,7 @@ ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
     }
     if constexpr (Mins) {
       for (int h = 0; h < 2; ++h) {
-        const __m256 m = _mm256_loadu_ps(mins + g * kTile + 8 * h);
+        const __m256 m = load8_scales(mins + g * kTile + 8 * h);
         for (int r = 0; r < R; ++r) acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(ux[r * groups + g]), acc[r][h]);
       }
     }
@@ -424,36 +436,43 @@ ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, int64_t k, const float* dx,
     for (int t = 0; t < T; ++t) _mm512_storeu_ps(res + (r * T + t) * kTile, acc[r][t]);
 }
 
-template <int R, int T, int H, bool Mins>
-ARGOSY_AVX512 void q8_avx512_block(const uint8_t* xu, int64_t k, const float* dx, const float* ux, int64_t groups,
-                                   const int8_t* codes, const int32_t* wsum, const float* scales, const float* mins,
-                                   float* res) {
+ARGOSY_AVX512 inline __m512 load16_scales(const float* p) { return _mm512_loadu_ps(p); }
+ARGOSY_AVX512 inline __m512 load16_scales(const uint16_t* p) {  // exact
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// R rows x T tiles; start: per row and weight group, -128 times the sum of xq over the group
+template <int R, int T, int H, bool Mins, typename S>
+ARGOSY_AVX512 void q8_avx512_block(const int8_t* xq, int64_t k, const float* dx, const float* ux,
+                                   const int32_t* start, int64_t groups, const int8_t* codes, const S* scales,
+                                   const S* mins, float* res) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   const int64_t tile_bytes = k * kTile, tile_groups = groups * H * kTile, tile_mins = groups * kTile;
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t g = 0; g < groups; ++g) {
     for (int hg = 0; hg < H; ++hg) {
-      // each sum starts from -128 * sum(w): (x + 128) . w - 128 * sum(w) = x . w, exactly
+      // (q + 128) . x - 128 * sum(x) = q . x, exactly
       __m512i dot[R][T];
-      for (int t = 0; t < T; ++t) {
-        const __m512i start = _mm512_loadu_si512(wsum + t * tile_groups + (g * H + hg) * kTile);
-        for (int r = 0; r < R; ++r) dot[r][t] = start;
+      for (int r = 0; r < R; ++r) {
+        const __m512i s0 = _mm512_set1_epi32(start[r * groups * H + g * H + hg]);
+        for (int t = 0; t < T; ++t) dot[r][t] = s0;
       }
       for (int64_t j = 8 * g + (8 / H) * hg; j < 8 * g + (8 / H) * (hg + 1); ++j) {
         __m512i xs[R];
         for (int r = 0; r < R; ++r) {
           int32_t a;
-          std::memcpy(&a, xu + r * k + 4 * j, 4);
+          std::memcpy(&a, xq + r * k + 4 * j, 4);
           xs[r] = _mm512_set1_epi32(a);
         }
         for (int t = 0; t < T; ++t) {
-          const __m512i w = _mm512_loadu_si512(codes + t * tile_bytes + j * 64);
-          for (int r = 0; r < R; ++r) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], xs[r], w);
+          const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(codes + t * tile_bytes + j * 64), bias);
+          for (int r = 0; r < R; ++r) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], w, xs[r]);
         }
       }
       for (int t = 0; t < T; ++t) {
-        const __m512 d = _mm512_loadu_ps(scales + t * tile_groups + (g * H + hg) * kTile);
+        const __m512 d = load16_scales(scales + t * tile_groups + (g * H + hg) * kTile);
         for (int r = 0; r < R; ++r) {
           const __m512 dot_f = _mm512_cvtepi32_ps(dot[r][t]);
           acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups + g])), dot_f, acc[r][t]);
@@ -462,7 +481,7 @@ ARGOSY_AVX512 void q8_avx512_block(const uint8_t* xu, int64_t k, const float* dx
     }
     if constexpr (Mins) {
       for (int t = 0; t < T; ++t) {
-        const __m512 m = _mm512_loadu_ps(mins + t * tile_mins + g * kTile);
+        const __m512 m = load16_scales(mins + t * tile_mins + g * kTile);
         for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(m, _mm512_set1_ps(ux[r * groups + g]), acc[r][t]);
       }
     }
@@ -680,10 +699,11 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   return out;
 }
 
-// the vector paths of q8_linear, one weight form (H weight groups to a group of x, mins or not)
-template <int H, bool Mins>
-void q8_vector(const QuantizedRows& xr, const std::vector<uint8_t>& biased, int64_t rows, int64_t groups,
-               int64_t tiles, int64_t path, const Q8Weight& wt, const Output& o) {
+// the vector paths of q8_linear, one weight form (H weight groups to a group of x, mins or not,
+// scales float32 or float16); start: the AVX-512 path's per row and weight group -128 * sum(xq)
+template <int H, bool Mins, typename S>
+void q8_vector(const QuantizedRows& xr, const std::vector<int32_t>& start, int64_t rows, int64_t groups,
+               int64_t tiles, int64_t path, const Q8Weight<S>& wt, const Output& o) {
   const int64_t k = groups * kGroup;
   const int64_t tiles_per_block = (path >= kAvx512 && tiles % 2 == 0) ? 2 : 1;
   for_tile_blocks(tiles, tiles_per_block, [&](int64_t t0, int64_t t1) {
@@ -691,27 +711,61 @@ void q8_vector(const QuantizedRows& xr, const std::vector<uint8_t>& biased, int6
     const int64_t width = (t1 - t0) * kTile;
     for_row_blocks(rows, [&](int64_t r0, auto rows_constant) {
       constexpr int R = decltype(rows_constant)::value;
+      const int8_t* xq = xr.q.data() + r0 * k;
       const float* dx = xr.dx.data() + r0 * groups;
       const float* ux = xr.ux.data() + r0 * groups;
       const int8_t* c = wt.codes + t0 * k * kTile;
-      const float* s = wt.scales + t0 * groups * H * kTile;
-      const float* m = Mins ? wt.mins + t0 * groups * kTile : nullptr;
+      const S* s = wt.scales + t0 * groups * H * kTile;
+      const S* m = Mins ? wt.mins + t0 * groups * kTile : nullptr;
       if (path >= kAvx512) {
-        const uint8_t* xu = biased.data() + r0 * k;
-        const int32_t* w = wt.wsum + t0 * groups * H * kTile;
+        const int32_t* st = start.data() + r0 * groups * H;
         if (t1 - t0 == 2)
-          q8_avx512_block<R, 2, H, Mins>(xu, k, dx, ux, groups, c, w, s, m, res);
+          q8_avx512_block<R, 2, H, Mins, S>(xq, k, dx, ux, st, groups, c, s, m, res);
         else
-          q8_avx512_block<R, 1, H, Mins>(xu, k, dx, ux, groups, c, w, s, m, res);
+          q8_avx512_block<R, 1, H, Mins, S>(xq, k, dx, ux, st, groups, c, s, m, res);
       } else {
-        q8_avx2_rows<R, H, Mins>(xr.q.data() + r0 * k, k, dx, ux, groups, c, s, m, res);
+        q8_avx2_rows<R, H, Mins, S>(xq, k, dx, ux, groups, c, s, m, res);
       }
       for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
     });
   });
 }
 
-at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& wsum, const at::Tensor& scales,
+template <typename S>
+void q8_run(const LinearCall& call, int64_t groups, int64_t tiles, const Q8Weight<S>& wt) {
+  const int64_t rows = call.rows, path = call.path, h = wt.h;
+  const QuantizedRows& xr = call.xr;
+  const Output& o = call.o;
+  if (path == kScalar) {
+    for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { q8_scalar(xr, rows, groups, wt, t0, t1, o); });
+    return;
+  }
+  std::vector<int32_t> start;
+  if (path >= kAvx512) {
+    start.resize(static_cast<size_t>(rows * groups * h));
+    if (h == 1) {
+      for (size_t i = 0; i < start.size(); ++i) start[i] = -128 * xr.sq[i];
+    } else {
+      for (int64_t i = 0; i < rows * groups * h; ++i) {
+        const int8_t* q = xr.q.data() + i * (kGroup / h);  // rows are contiguous: [r, g, h] is i
+        int32_t sum = 0;
+        for (int64_t b = 0; b < kGroup / h; ++b) sum += q[b];
+        start[static_cast<size_t>(i)] = -128 * sum;
+      }
+    }
+  }
+  const bool mins = wt.mins != nullptr;
+  if (h == 2 && mins)
+    q8_vector<2, true, S>(xr, start, rows, groups, tiles, path, wt, o);
+  else if (h == 2)
+    q8_vector<2, false, S>(xr, start, rows, groups, tiles, path, wt, o);
+  else if (mins)
+    q8_vector<1, true, S>(xr, start, rows, groups, tiles, path, wt, o);
+  else
+    q8_vector<1, false, S>(xr, start, rows, groups, tiles, path, wt, o);
+}
+
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                      const std::optional<at::Tensor>& mins, int64_t out_features, bool out_float32) {
   TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 4 &&
                   codes.is_contiguous(),
@@ -723,42 +777,26 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   TORCH_CHECK(scales.dim() == 3 && (scales.size(1) == groups || scales.size(1) == 2 * groups),
               "q8_linear: scales must be [N/16, K/32 or K/16, 16]");
   const int64_t h = scales.size(1) / groups;
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.size(0) == tiles &&
+  const bool half = scales.scalar_type() == at::kHalf;
+  TORCH_CHECK((half || scales.scalar_type() == at::kFloat) && scales.is_contiguous() && scales.size(0) == tiles &&
                   scales.size(2) == kTile,
-              "q8_linear: scales must be contiguous float32 [N/16, K/G, 16]");
-  TORCH_CHECK(wsum.scalar_type() == at::kInt && wsum.is_contiguous() && wsum.sizes() == scales.sizes(),
-              "q8_linear: wsum must be contiguous int32, shaped as the scales");
+              "q8_linear: scales must be contiguous float32 or float16 [N/16, K/G, 16]");
   const bool has_mins = mins.has_value() && mins->defined();
   if (has_mins)
-    TORCH_CHECK(mins->scalar_type() == at::kFloat && mins->is_contiguous() && mins->dim() == 3 &&
+    TORCH_CHECK(mins->scalar_type() == scales.scalar_type() && mins->is_contiguous() && mins->dim() == 3 &&
                     mins->size(0) == tiles && mins->size(1) == groups && mins->size(2) == kTile,
-                "q8_linear: mins must be contiguous float32 [N/16, K/32, 16]");
+                "q8_linear: mins must be contiguous [N/16, K/32, 16], of the scales' dtype");
   const LinearCall call(x, k, groups, out_features, out_float32, "q8_linear");
-  const at::Tensor& out = call.out;
-  if (call.rows == 0) return out;
-  const int64_t rows = call.rows, path = call.path;
-  const QuantizedRows& xr = call.xr;
-  const Output& o = call.o;
-  const Q8Weight wt{codes.data_ptr<int8_t>(), wsum.data_ptr<int32_t>(), scales.data_ptr<float>(),
-                    has_mins ? mins->data_ptr<float>() : nullptr, h};
-  if (path == kScalar) {
-    for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { q8_scalar(xr, rows, groups, wt, t0, t1, o); });
-    return out;
+  if (call.rows == 0) return call.out;
+  if (half) {
+    const auto* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
+    const auto* mp = has_mins ? reinterpret_cast<const uint16_t*>(mins->data_ptr<at::Half>()) : nullptr;
+    q8_run<uint16_t>(call, groups, tiles, Q8Weight<uint16_t>{codes.data_ptr<int8_t>(), sp, mp, h});
+  } else {
+    const float* mp = has_mins ? mins->data_ptr<float>() : nullptr;
+    q8_run<float>(call, groups, tiles, Q8Weight<float>{codes.data_ptr<int8_t>(), scales.data_ptr<float>(), mp, h});
   }
-  std::vector<uint8_t> biased;
-  if (path >= kAvx512) {
-    biased.resize(xr.q.size());
-    for (size_t i = 0; i < biased.size(); ++i) biased[i] = static_cast<uint8_t>(xr.q[i] ^ 0x80);  // x + 128
-  }
-  if (h == 2 && has_mins)
-    q8_vector<2, true>(xr, biased, rows, groups, tiles, path, wt, o);
-  else if (h == 2)
-    q8_vector<2, false>(xr, biased, rows, groups, tiles, path, wt, o);
-  else if (has_mins)
-    q8_vector<1, true>(xr, biased, rows, groups, tiles, path, wt, o);
-  else
-    q8_vector<1, false>(xr, biased, rows, groups, tiles, path, wt, o);
-  return out;
+  return call.out;
 }
 
 
@@ -793,7 +831,7 @@ std::string path() { return path_name(current_path()); }
 TORCH_LIBRARY(argosy_iq, m) {
   m.def("q4_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int out_features, bool out_float32) -> Tensor");
   m.def(
-      "q8_linear(Tensor x, Tensor codes, Tensor wsum, Tensor scales, Tensor? mins, int out_features, "
+      "q8_linear(Tensor x, Tensor codes, Tensor scales, Tensor? mins, int out_features, "
       "bool out_float32) -> Tensor");
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
