@@ -445,7 +445,7 @@ ARGOSY_AVX512 inline __m512 load16_scales(const uint16_t* p) {  // exact
 template <int R, int T, int H, bool Mins, typename S>
 ARGOSY_AVX512 void q8_avx512_block(const int8_t* xq, int64_t k, const float* dx, const float* ux,
                                    const int32_t* start, int64_t groups, const int8_t* codes, const S* scales,
-                                   const S* mins, float* res) {
+                                   const S* mins, float* res, bool prefetch) {
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
@@ -467,7 +467,11 @@ ARGOSY_AVX512 void q8_avx512_block(const int8_t* xq, int64_t k, const float* dx,
           xs[r] = _mm512_set1_epi32(a);
         }
         for (int t = 0; t < T; ++t) {
-          const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(codes + t * tile_bytes + j * 64), bias);
+          const int8_t* line = codes + t * tile_bytes + j * 64;
+          // the next tile block's same line (a thread's blocks are consecutive): its memory read
+          // overlaps this block's arithmetic, which the hardware prefetcher alone does not keep up
+          if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(line + T * tile_bytes), _MM_HINT_T1);
+          const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(line), bias);
           for (int r = 0; r < R; ++r) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], w, xs[r]);
         }
       }
@@ -585,6 +589,8 @@ ARGOSY_AMX void q4_amx(const QuantizedRows& xr, const int8_t* xp, int64_t rows, 
 // -- driving: tiles split among threads, rows in blocks ---------------------------------------
 
 constexpr int kRowBlock = 4;  // rows a block (AVX-512: with 2 tiles; AVX2: 1 tile)
+constexpr int kWideRowBlock = 8;  // q8, AVX-512: rows a block with 1 tile, in steps of up to
+constexpr int64_t kWideMaxRows = 32;  // rows
 
 template <typename Block>
 void for_tile_blocks(int64_t tiles, int64_t tiles_per_block, Block&& block) {
@@ -707,10 +713,27 @@ void q8_vector(const QuantizedRows& xr, const std::vector<int32_t>& start, int64
   const int64_t k = groups * kGroup;
   const int64_t tiles_per_block = (path >= kAvx512 && tiles % 2 == 0) ? 2 : 1;
   for_tile_blocks(tiles, tiles_per_block, [&](int64_t t0, int64_t t1) {
-    float res[kRowBlock * 2 * kTile];
+    float res[kWideRowBlock * 2 * kTile];
     const int64_t width = (t1 - t0) * kTile;
-    for_row_blocks(rows, [&](int64_t r0, auto rows_constant) {
+    int64_t done = 0;
+    // a decode step's few rows (AVX-512): eight rows a tile, each tile's codes read from memory
+    // once per eight rows and the next tile's prefetched meanwhile (Gemma 3's 262k-row head at 8
+    // rows ~11 -> ~7.5 ms, at 32 rows 34 -> 29 ms); many rows keep the 4 x 2-tile blocks, whose
+    // codes stay in cache
+    if (path >= kAvx512 && rows <= kWideMaxRows) {
+      for (; done + kWideRowBlock <= rows; done += kWideRowBlock) {
+        for (int64_t t = t0; t < t1; ++t) {
+          q8_avx512_block<kWideRowBlock, 1, H, Mins, S>(
+              xr.q.data() + done * k, k, xr.dx.data() + done * groups, xr.ux.data() + done * groups,
+              start.data() + done * groups * H, groups, wt.codes + t * k * kTile, wt.scales + t * groups * H * kTile,
+              Mins ? wt.mins + t * groups * kTile : nullptr, res, done == 0);
+          for (int r = 0; r < kWideRowBlock; ++r) o.put(done + r, t * kTile, res + r * kTile, kTile);
+        }
+      }
+    }
+    for_row_blocks(rows - done, [&](int64_t r_rest, auto rows_constant) {
       constexpr int R = decltype(rows_constant)::value;
+      const int64_t r0 = done + r_rest;
       const int8_t* xq = xr.q.data() + r0 * k;
       const float* dx = xr.dx.data() + r0 * groups;
       const float* ux = xr.ux.data() + r0 * groups;
@@ -720,9 +743,9 @@ void q8_vector(const QuantizedRows& xr, const std::vector<int32_t>& start, int64
       if (path >= kAvx512) {
         const int32_t* st = start.data() + r0 * groups * H;
         if (t1 - t0 == 2)
-          q8_avx512_block<R, 2, H, Mins, S>(xq, k, dx, ux, st, groups, c, s, m, res);
+          q8_avx512_block<R, 2, H, Mins, S>(xq, k, dx, ux, st, groups, c, s, m, res, r0 == 0);
         else
-          q8_avx512_block<R, 1, H, Mins, S>(xq, k, dx, ux, st, groups, c, s, m, res);
+          q8_avx512_block<R, 1, H, Mins, S>(xq, k, dx, ux, st, groups, c, s, m, res, r0 == 0);
       } else {
         q8_avx2_rows<R, H, Mins, S>(xq, k, dx, ux, groups, c, s, m, res);
       }
