@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from argosy.errors import ModelLoadError
 from argosy.models.device_kernels import DEVICE_KERNELS
 from argosy.models.gguf_quant import BLOCKS_FILE, INT4_FILE
-from argosy.models.llama import DecoderForCausalLM, RMSNorm
+from argosy.models.llama import MLP, DecoderForCausalLM, RMSNorm
 from argosy.models.quantize import apply_blocks, apply_int4, apply_int8, apply_int8_head, block_codes_of
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
@@ -162,6 +162,8 @@ def load_model(
     if invariant:  # the residual stream in float32 (bench/quality.py: KL to the fp32 reference -17%)
         model.hidden_dtype = torch.float32
         for name, module in model.named_modules():
+            if isinstance(module, MLP):
+                module.invariant_ops = True
             if isinstance(module, RMSNorm):
                 module.float64_mean = True
                 # its weight in float32 as the file holds it (a GGUF's norms are F32)

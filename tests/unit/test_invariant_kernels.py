@@ -313,6 +313,34 @@ def test_fused_parts_of_different_formats_keep_every_value() -> None:
         invariant_q8_layout(b.codes, b.scales)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_geglu_gives_the_scalar_bits_on_every_path_and_gelu_tanh_times_up(
+    paths: list[str], dtype: torch.dtype
+) -> None:
+    """gelu_tanh(gate) * up in one pass: every path gives the scalar reference's bits (a width
+    that leaves a remainder for the vector paths; large, tiny, zero and negative gates), and the
+    value is float64's within one rounding of the output (and a few fp32 ulps before it)."""
+    gen = torch.Generator().manual_seed(17)
+    rows, inter = 5, 2 * 1024 + 24
+    gate_up = torch.randn(rows, 2 * inter, generator=gen) * 3
+    gate_up[0, :8] = torch.tensor([0.0, -0.0, 1e-6, -1e-6, 40.0, -40.0, 1e4, -1e4])
+    gate_up = gate_up.to(dtype)
+    torch.ops.argosy_iq.set_path("scalar")
+    reference = torch.ops.argosy_iq.geglu(gate_up)
+    assert reference.dtype == dtype and reference.shape == (rows, inter)
+    g, u = gate_up[:, :inter].double(), gate_up[:, inter:].double()
+    exact = 0.5 * g * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (g + 0.044715 * g**3))) * u
+    # one rounding of the output, plus 1 + tanh's cancellation where gelu is near 0 (fp32's ulp of
+    # 1 times |g u| / 2: aten's gelu is as far there)
+    tolerance = (2**-8 if dtype == torch.bfloat16 else 1e-6) * exact.abs() + 1e-7 * (g * u).abs()
+    assert bool(((reference.double() - exact).abs() <= tolerance).all())
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        assert torch.equal(bits(torch.ops.argosy_iq.geglu(gate_up)), bits(reference)), path
+        alone = torch.cat([torch.ops.argosy_iq.geglu(gate_up[i : i + 1]) for i in range(rows)])
+        assert torch.equal(bits(alone), bits(reference)), path
+
+
 def test_paths_are_named_and_a_missing_one_is_refused(paths: list[str]) -> None:
     assert paths[0] == "scalar"
     assert torch.ops.argosy_iq.set_path("scalar") == "scalar"

@@ -180,17 +180,6 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups, bool vector) {
 
 // -- the output: fp32 or bf16 ------------------------------------------------------------------
 
-// float_to_bf16 on 16 values at once (the same integer steps)
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void bf16_16(const float* values, uint16_t* dst) {
-  const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(values));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet)));
-}
-
 struct Output {
   float* f = nullptr;
   uint16_t* b = nullptr;
@@ -241,7 +230,7 @@ void q4_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const uint
   }
 }
 
-// the Q8 weight: codes, per weight group its code sum, scale and (or nullptr) minimum; H weight
+// the Q8 weight: codes, per weight group its scale and (or nullptr) minimum (float32 or float16); H weight
 // groups (of 32 / H) to a group of x
 template <typename S>
 struct Q8Weight {
