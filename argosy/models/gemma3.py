@@ -38,6 +38,11 @@ class GemmaRMSNorm(RMSNorm):
         nn.init.zeros_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.float64_mean and x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # the invariant mode: one native pass, its float64 sum in one fixed order (iq_norm.cpp)
+            shape = x.shape
+            flat = x.reshape(-1, shape[-1]).contiguous()
+            return torch.ops.argosy_iq.rms_norm(flat, self.weight, self.eps, 1.0).view(shape)
         h = x.float()
         mean = (
             h.double().pow(2).mean(-1, keepdim=True).float()

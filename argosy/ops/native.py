@@ -116,7 +116,7 @@ def load_native_ops() -> bool:
 
 
 def load_invariant_ops() -> bool:
-    """Build (or reuse) and load the invariant kernels (csrc/iq_linear.cpp, iq_attention.cpp, iq_geglu.cpp)
+    """Build (or reuse) and load the invariant kernels (csrc/iq_linear.cpp, iq_attention.cpp, iq_geglu.cpp, iq_norm.cpp)
     as their own library, torch.ops.argosy_iq: built without -ffast-math and with -ffp-contract=off,
     so the compiler cannot reorder or fuse their float arithmetic, and without -march=native
     (each path carries its own target attribute and is chosen at run time by CPU features).
@@ -129,7 +129,7 @@ def load_invariant_ops() -> bool:
     started = time.perf_counter()
     sources = [
         Path(__file__).parent / "csrc" / name
-        for name in ("iq_linear.cpp", "iq_attention.cpp", "iq_geglu.cpp")
+        for name in ("iq_linear.cpp", "iq_attention.cpp", "iq_geglu.cpp", "iq_norm.cpp")
     ]
     error = _build(
         "argosy_invariant", sources, ["-ffp-contract=off", "-fno-fast-math"], build_dir() / "invariant"
@@ -165,6 +165,10 @@ def _register_invariant_fakes() -> None:
     @torch.library.register_fake("argosy_iq::attention")
     def _(q, k, v, k_cache, v_cache, slots, block_ids, mask, block_size):  # type: ignore[no-untyped-def]
         return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+
+    @torch.library.register_fake("argosy_iq::rms_norm")
+    def _(x, weight, eps, offset):  # type: ignore[no-untyped-def]
+        return torch.empty_like(x)
 
     @torch.library.register_fake("argosy_iq::geglu")
     def _(gate_up):  # type: ignore[no-untyped-def]

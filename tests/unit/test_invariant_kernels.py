@@ -341,6 +341,30 @@ def test_geglu_gives_the_scalar_bits_on_every_path_and_gelu_tanh_times_up(
         assert torch.equal(bits(alone), bits(reference)), path
 
 
+@pytest.mark.parametrize(("dim", "offset"), [(640, 1.0), (256, 1.0), (576, 0.0), (45, 1.0)])
+def test_rms_norm_gives_the_scalar_bits_on_every_path_and_the_float64_norm(
+    paths: list[str], dim: int, offset: float
+) -> None:
+    """x / rms(x) * (offset + w) with the float64 sum of squares in one fixed order: every path
+    gives the scalar reference's bits (a width with a remainder too), a row alone the same as
+    beside others, and float64's value within a few fp32 roundings."""
+    gen = torch.Generator().manual_seed(dim)
+    x = torch.randn(7, dim, generator=gen) * torch.logspace(-3, 3, 7)[:, None]
+    x[3] = 0.0  # all zero: eps keeps it finite
+    w = torch.randn(dim, generator=gen) * 0.1
+    eps = 1e-6
+    torch.ops.argosy_iq.set_path("scalar")
+    reference = torch.ops.argosy_iq.rms_norm(x, w, eps, offset)
+    xd = x.double()
+    exact = xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * (offset + w.double())
+    assert bool(((reference.double() - exact).abs() <= 1e-6 * exact.abs() + 1e-30).all())
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        assert torch.equal(bits(torch.ops.argosy_iq.rms_norm(x, w, eps, offset)), bits(reference)), path
+        alone = torch.cat([torch.ops.argosy_iq.rms_norm(x[i : i + 1], w, eps, offset) for i in range(7)])
+        assert torch.equal(bits(alone), bits(reference)), path
+
+
 def test_paths_are_named_and_a_missing_one_is_refused(paths: list[str]) -> None:
     assert paths[0] == "scalar"
     assert torch.ops.argosy_iq.set_path("scalar") == "scalar"
