@@ -17,6 +17,7 @@ from torch import nn
 from argosy.errors import ModelLoadError
 from argosy.models.decoder_config import DecoderConfig
 from argosy.ops.attention import AttentionBackend, AttentionMetadata, CpuPagedAttention
+from argosy.ops.native import invariant_ops_ready
 
 
 class RMSNorm(nn.Module):
@@ -60,6 +61,13 @@ def cast_for_cache(
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, D]; cos/sin: [T, 1, D] (rotate-half layout, as transformers)."""
+    if x.dtype == torch.float32 and not torch.compiler.is_compiling() and invariant_ops_ready():
+        # the eager step: the same operations in one native pass (the same bits as the
+        # statement below, which the compiled decode graph keeps)
+        n = x.shape[0]
+        table = (cos.reshape(n, -1).float().contiguous(), sin.reshape(n, -1).float().contiguous())
+        out: torch.Tensor = torch.ops.argosy_iq.rope(x.contiguous(), *table)
+        return out
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

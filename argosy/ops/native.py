@@ -116,7 +116,8 @@ def load_native_ops() -> bool:
 
 
 def load_invariant_ops() -> bool:
-    """Build (or reuse) and load the invariant kernels (csrc/iq_linear.cpp, iq_attention.cpp, iq_geglu.cpp, iq_norm.cpp)
+    """Build (or reuse) and load the invariant kernels (csrc/iq_linear.cpp, iq_attention.cpp, iq_geglu.cpp, iq_norm.cpp,
+    iq_rope.cpp)
     as their own library, torch.ops.argosy_iq: built without -ffast-math and with -ffp-contract=off,
     so the compiler cannot reorder or fuse their float arithmetic, and without -march=native
     (each path carries its own target attribute and is chosen at run time by CPU features).
@@ -129,7 +130,7 @@ def load_invariant_ops() -> bool:
     started = time.perf_counter()
     sources = [
         Path(__file__).parent / "csrc" / name
-        for name in ("iq_linear.cpp", "iq_attention.cpp", "iq_geglu.cpp", "iq_norm.cpp")
+        for name in ("iq_linear.cpp", "iq_attention.cpp", "iq_geglu.cpp", "iq_norm.cpp", "iq_rope.cpp")
     ]
     error = _build(
         "argosy_invariant", sources, ["-ffp-contract=off", "-fno-fast-math"], build_dir() / "invariant"
@@ -166,6 +167,10 @@ def _register_invariant_fakes() -> None:
     def _(q, k, v, k_cache, v_cache, slots, block_ids, mask, block_size):  # type: ignore[no-untyped-def]
         return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
 
+    @torch.library.register_fake("argosy_iq::rope")
+    def _(x, cos, sin):  # type: ignore[no-untyped-def]
+        return torch.empty_like(x)
+
     @torch.library.register_fake("argosy_iq::rms_norm")
     def _(x, weight, eps, offset):  # type: ignore[no-untyped-def]
         return torch.empty_like(x)
@@ -177,6 +182,11 @@ def _register_invariant_fakes() -> None:
     @torch.library.register_fake("argosy_iq::q8_linear")
     def _(x, codes, scales, mins, out_features, out_float32):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
+
+
+def invariant_ops_ready() -> bool:
+    """Whether this process has loaded the invariant kernels (never builds them)."""
+    return bool(_state.get("invariant"))
 
 
 def native_ops_path(invariant: bool = False) -> str:

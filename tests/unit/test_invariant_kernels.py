@@ -365,6 +365,29 @@ def test_rms_norm_gives_the_scalar_bits_on_every_path_and_the_float64_norm(
         assert torch.equal(bits(alone), bits(reference)), path
 
 
+@pytest.mark.parametrize(
+    ("heads", "dim", "table_dtype"),
+    [(4, 256, torch.bfloat16), (1, 256, torch.float32), (9, 64, torch.bfloat16)],
+)
+def test_rope_gives_the_bits_of_the_python_statement_on_every_path(
+    paths: list[str], heads: int, dim: int, table_dtype: torch.dtype
+) -> None:
+    """The eager step's native RoPE is x * cos + rotate_half(x) * sin with the same roundings as
+    aten's (and the compiled graph's) statement, bit for bit, for a table sliced out of a wider
+    one (Gemma's global/local halves) and a bf16 table."""
+    from argosy.models.llama import apply_rope
+
+    gen = torch.Generator().manual_seed(dim + heads)
+    x = torch.randn(37, heads, dim, generator=gen) * 3
+    table = torch.randn(37, 1, 2 * dim, generator=gen).to(table_dtype)
+    cos, sin = table[..., dim:], table[..., :dim]
+    half = dim // 2
+    statement = x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        assert torch.equal(bits(apply_rope(x, cos, sin)), bits(statement)), path
+
+
 def test_paths_are_named_and_a_missing_one_is_refused(paths: list[str]) -> None:
     assert paths[0] == "scalar"
     assert torch.ops.argosy_iq.set_path("scalar") == "scalar"
