@@ -116,10 +116,10 @@ def load_native_ops() -> bool:
 
 
 def load_invariant_ops() -> bool:
-    """Build (or reuse) and load the invariant kernels (csrc/iq_linear.cpp, iq_attention.cpp, iq_geglu.cpp, iq_norm.cpp,
-    iq_rope.cpp)
-    as their own library, torch.ops.argosy_iq: built without -ffast-math and with -ffp-contract=off,
-    so the compiler cannot reorder or fuse their float arithmetic, and without -march=native
+    """Build (or reuse) and load the invariant kernels (csrc/iq_linear.cpp, iq_attention.cpp,
+    iq_geglu.cpp, iq_norm.cpp, iq_rope.cpp) as their own library, torch.ops.argosy_iq: built
+    without -ffast-math and with -ffp-contract=off, so the compiler cannot reorder or fuse their
+    float arithmetic, and without -march=native
     (each path carries its own target attribute and is chosen at run time by CPU features).
     False when there is no compiler, the build fails, or native ops are switched off."""
     if "invariant" in _state:

@@ -96,6 +96,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void bf16_16(const f
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet)));
 }
 
+// 16 bf16 -> fp32 (exact)
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16_bf16(const uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
 // ((a0 + a2) + (a1 + a3)) + ((a4 + a6) + (a5 + a7)) + ... over 16 values: the fixed order of a
 // 16-lane sum (iq_attention.cpp's vector paths add their 16 lane vectors in this order)
 inline float tree16(const float* a) {

@@ -78,10 +78,7 @@ inline void store1(float* p, float v) { *p = v; }
 inline void store1(uint16_t* p, float v) { *p = float_to_bf16(v); }
 
 ARGOSY_GEGLU512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-ARGOSY_GEGLU512 inline __m512 load16(const uint16_t* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
+ARGOSY_GEGLU512 inline __m512 load16(const uint16_t* p) { return load16_bf16(p); }
 ARGOSY_GEGLU512 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 ARGOSY_GEGLU512 inline void store16(uint16_t* p, __m512 v) {
   alignas(64) float values[16];

@@ -128,11 +128,6 @@ ARGOSY_Q512 inline GroupQ quantize_group_512(__m512 lo, __m512 hi, int8_t* q) {
   return {dx, dx * static_cast<float>(qsum), qsum};
 }
 
-ARGOSY_Q512 inline __m512 load16_bf16(const uint16_t* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
-
 ARGOSY_Q512 void quantize_groups_512(const uint16_t* xb, const float* xf, int64_t begin, int64_t end,
                                      QuantizedRows& out) {
   for (int64_t rg = begin; rg < end; ++rg) {
