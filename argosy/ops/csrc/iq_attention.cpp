@@ -114,8 +114,8 @@ void attend_scalar(const Rows& a, int64_t r0, int64_t r1, int64_t h) {
 // -- the vector paths (AVX-512 and AVX2 + FMA) ----------------------------------------------------
 //
 // A tile is a few rows sharing a block table, for one KV head. Its positions are taken kChunk at a
-// time as fp32: K transposed (kt[d * kChunk + i]: one vector holds one dimension of W consecutive
-// positions, W = 16 or 8) and V as rows (vf[i * dim + d]). So a score vector holds W positions:
+// time as fp32: K transposed (one vector holds one dimension of W consecutive positions, W = 16 or
+// 8; AVX2: kt[d * kChunk + i], AVX-512: see chunk512) and V as rows. So a score vector holds W positions:
 // lane l's chain over c is a chain of vector fmas, tree16 over the lanes is vertical adds of the 16
 // lane vectors, and every position gets the operations of the definition, in its order. The
 // weighted sum of V holds W dimensions of a row and head per vector. A run of rows sharing a table
@@ -255,6 +255,19 @@ ARGOSY_ATTN512 __attribute__((always_inline)) inline void transpose16(__m512* r)
   }
 }
 
+// The AVX-512 chunk layout: K^T a block of 16 positions at a time (kt[(i / 16) * dim * 16 + d * 16 +
+// i % 16]: a block's 256 dims x 16 positions one contiguous 16 KB, not 256 lines 256 bytes apart,
+// which fall in a quarter of L1's sets); V as rows, or from head dim 256, 64 dims at a time
+// (vf[(d / 64) * kChunk * 64 + i * 64 + d % 64]: a 64-dim slice of the chunk contiguous, likewise)
+template <int C>
+constexpr int64_t v_row512 = C > 8 ? 4 * kLanes : C * kLanes;  // V's row stride in a chunk
+
+template <int C>
+inline int64_t v_index512(int64_t i, int c) {  // V's position i, dims 16c .. 16c + 15
+  if constexpr (C > 8) return (c / 4) * kChunk * v_row512<C> + i * v_row512<C> + (c % 4) * kLanes;
+  return i * v_row512<C> + c * kLanes;
+}
+
 // positions [j0, j0 + count) of kv head h (count <= kChunk) as one chunk: K^T (zero past count), then V
 template <int C>
 ARGOSY_ATTN512 void chunk512(const Rows& a, const int64_t* table, int64_t h, int64_t j0, int64_t count,
@@ -277,8 +290,9 @@ ARGOSY_ATTN512 void chunk512(const Rows& a, const int64_t* table, int64_t h, int
         transpose16(r);  // r[e]: dims d0 + 2e (low half) and d0 + 2e + 1 (high half) of the 16 positions
         for (int e = 0; e < pairs; ++e) {
           const __m512i pair = _mm512_castps_si512(r[e]);
-          _mm512_store_ps(kt + (d0 + 2 * e) * kChunk + i0, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pair)));
-          _mm512_store_ps(kt + (d0 + 2 * e + 1) * kChunk + i0,
+          float* block = kt + i0 * dim;  // positions i0 .. i0 + 15: [dim][16]
+          _mm512_store_ps(block + (d0 + 2 * e) * kLanes, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pair)));
+          _mm512_store_ps(block + (d0 + 2 * e + 1) * kLanes,
                           _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pair, 16))));
         }
       }
@@ -286,7 +300,7 @@ ARGOSY_ATTN512 void chunk512(const Rows& a, const int64_t* table, int64_t h, int
     for (int64_t i = 0; i < count; ++i)
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c)
-        _mm512_store_ps(vf + i * dim + c * kLanes, load_half(a.v_cache + off[i] + c * kLanes));
+        _mm512_store_ps(vf + v_index512<C>(i, c), load_half(a.v_cache + off[i] + c * kLanes));
 }
 
 // the scores of NP (row, head) pairs (q: fp32, q_stride apart) at W * NB positions (kt: their first
@@ -302,18 +316,18 @@ ARGOSY_ATTN512 ARGOSY_ATTN_SCHED void qk512(const float* q, int64_t q_stride, co
     __m512 half[NP][NB];  // a0 + a2, then + (a1 + a3)
 #pragma GCC unroll 2
     for (int odd = 0; odd < 2; ++odd) {
-      __m512 acc[NP][NB][2];  // lanes 4 quad + odd and 4 quad + odd + 2
+      __m512 acc[NP][NB][2];  // lanes 4 quad + odd and 4 quad + odd + 2, chains side by side
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c)
 #pragma GCC unroll 2
-      for (int e = 0; e < 2; ++e)
-#pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) {
+        for (int e = 0; e < 2; ++e) {
           const int d = c * kLanes + 4 * quad + odd + 2 * e;
           __m512 qb[NP];
 #pragma GCC unroll 4
           for (int p = 0; p < NP; ++p) qb[p] = _mm512_set1_ps(q[p * q_stride + d]);
 #pragma GCC unroll 4
           for (int b = 0; b < NB; ++b) {  // the chain's first term a plain product (= fma(q, k, 0))
-            const __m512 k = _mm512_load_ps(kt + d * kChunk + b * kLanes);
+            const __m512 k = _mm512_load_ps(kt + (b * C * kLanes + d) * kLanes);
 #pragma GCC unroll 4
             for (int p = 0; p < NP; ++p)
               acc[p][b][e] = c == 0 ? _mm512_mul_ps(qb[p], k) : _mm512_fmadd_ps(qb[p], k, acc[p][b][e]);
@@ -388,8 +402,8 @@ ARGOSY_ATTN512 ARGOSY_ATTN_SCHED float softmax512(float* sc, int64_t n) {
 // acc[v] += p_v[i] * vf[i] over the chunk's positions i < len[v] - j0, for NV (row, head) pairs and
 // K vectors of dimensions (at vf and acc; their rows dim apart)
 template <int K, int NV>
-ARGOSY_ATTN512 inline void pv512(const float* p, int64_t p_stride, const float* vf, int64_t dim, const int64_t* len,
-                                 int64_t j0, float* acc) {
+ARGOSY_ATTN512 inline void pv512(const float* p, int64_t p_stride, const float* vf, int64_t vrow, int64_t dim,
+                                 const int64_t* len, int64_t j0, float* acc) {
   int64_t count[NV], lo = kChunk, hi = 0;
   for (int v = 0; v < NV; ++v) {
     count[v] = std::clamp<int64_t>(len[v] - j0, 0, kChunk);
@@ -405,7 +419,7 @@ ARGOSY_ATTN512 inline void pv512(const float* p, int64_t p_stride, const float* 
   for (int64_t i = 0; i < lo; ++i) {  // every pair
     __m512 vv[K];
 #pragma GCC unroll 8
-    for (int c = 0; c < K; ++c) vv[c] = _mm512_load_ps(vf + i * dim + c * kLanes);
+    for (int c = 0; c < K; ++c) vv[c] = _mm512_load_ps(vf + i * vrow + c * kLanes);
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       const __m512 pb = _mm512_set1_ps(p[v * p_stride + i]);
@@ -419,7 +433,7 @@ ARGOSY_ATTN512 inline void pv512(const float* p, int64_t p_stride, const float* 
       if (i >= count[v]) continue;
       const __m512 pb = _mm512_set1_ps(p[v * p_stride + i]);
 #pragma GCC unroll 8
-      for (int c = 0; c < K; ++c) ac[v][c] = _mm512_fmadd_ps(pb, _mm512_load_ps(vf + i * dim + c * kLanes), ac[v][c]);
+      for (int c = 0; c < K; ++c) ac[v][c] = _mm512_fmadd_ps(pb, _mm512_load_ps(vf + i * vrow + c * kLanes), ac[v][c]);
     }
   }
 #pragma GCC unroll 8
@@ -430,11 +444,11 @@ ARGOSY_ATTN512 inline void pv512(const float* p, int64_t p_stride, const float* 
 
 // pv512 for nv <= NV pairs
 template <int K, int NV>
-ARGOSY_ATTN512 inline void pv512_up_to(int64_t nv, const float* p, int64_t p_stride, const float* vf, int64_t dim,
-                                       const int64_t* len, int64_t j0, float* acc) {
+ARGOSY_ATTN512 inline void pv512_up_to(int64_t nv, const float* p, int64_t p_stride, const float* vf, int64_t vrow,
+                                       int64_t dim, const int64_t* len, int64_t j0, float* acc) {
   if constexpr (NV > 1)
-    if (nv < NV) return pv512_up_to<K, NV - 1>(nv, p, p_stride, vf, dim, len, j0, acc);
-  pv512<K, NV>(p, p_stride, vf, dim, len, j0, acc);
+    if (nv < NV) return pv512_up_to<K, NV - 1>(nv, p, p_stride, vf, vrow, dim, len, j0, acc);
+  pv512<K, NV>(p, p_stride, vf, vrow, dim, len, j0, acc);
 }
 
 // the pieces a tile takes from this path (called, not inlined: each carries its target)
@@ -447,16 +461,20 @@ ARGOSY_ATTN512 void widen512(const float* src, float* dst) {  // q into aligned 
 // the scores of `count` pairs (q_stride and out_stride apart) at the first 16 * blocks positions of
 // a chunk: a pair at a time for four blocks of positions (its q broadcast once for four K loads),
 // or, from head dim 128 up (a chunk's K^T outgrows L1), four pairs at a time for each block (each
-// K load from L2 shared by four pairs). Every score is the same chain either way.
+// K load shared by four pairs; the block's K^T read from L2 once for all the pairs). Every score
+// is the same chain either way.
 template <int C>
 ARGOSY_ATTN512 void scores512(int64_t count, const float* q, int64_t q_stride, const float* kt, float* out,
                               int64_t out_stride, int64_t blocks, float scale) {
   int64_t rg = 0;
   if constexpr (C >= 8)
-    for (; rg + 4 <= count; rg += 4)
+    if (count >= 4) {  // a block's K^T (16 KB) stays in L1 for every four pairs
       for (int64_t b = 0; b < blocks; ++b)
-        qk512<C, 1, 4>(q + rg * q_stride, q_stride, kt + b * kLanes, out + rg * out_stride + b * kLanes, out_stride,
-                       scale);
+        for (int64_t r = 0; r + 4 <= count; r += 4)
+          qk512<C, 1, 4>(q + r * q_stride, q_stride, kt + b * C * kLanes * kLanes, out + r * out_stride + b * kLanes,
+                         out_stride, scale);
+      rg = count / 4 * 4;
+    }
   for (; rg < count; ++rg) {
     const float* qr = q + rg * q_stride;
     float* o = out + rg * out_stride;
@@ -478,12 +496,13 @@ ARGOSY_ATTN512 void values512(int64_t count, const float* p, int64_t p_stride, c
   if constexpr (C <= 8) {
     constexpr int NV = std::max(1, std::min(8, (29 - C) / C));
     for (int64_t rg = 0; rg < count; rg += NV)
-      pv512_up_to<C, NV>(count - rg, p + rg * p_stride, p_stride, vf, dim, len + rg, j0, acc + rg * dim);
+      pv512_up_to<C, NV>(count - rg, p + rg * p_stride, p_stride, vf, dim, dim, len + rg, j0, acc + rg * dim);
   } else {
     static_assert(C % 4 == 0, "head dims above 128 go 64 at a time");
     for (int64_t d0 = 0; d0 < dim; d0 += 4 * kLanes)
       for (int64_t rg = 0; rg < count; rg += 6)
-        pv512_up_to<4, 6>(count - rg, p + rg * p_stride, p_stride, vf + d0, dim, len + rg, j0, acc + rg * dim + d0);
+        pv512_up_to<4, 6>(count - rg, p + rg * p_stride, p_stride, vf + d0 * kChunk, v_row512<C>, dim, len + rg, j0,
+                          acc + rg * dim + d0);
   }
 }
 
@@ -565,11 +584,11 @@ ARGOSY_ATTN256 ARGOSY_ATTN_SCHED void qk256(const float* q, int64_t q_stride, co
     __m256 half[NP][NB];  // a0 + a2, then + (a1 + a3)
 #pragma GCC unroll 2
     for (int odd = 0; odd < 2; ++odd) {
-      __m256 acc[NP][NB][2];  // lanes 4 quad + odd and 4 quad + odd + 2
+      __m256 acc[NP][NB][2];  // lanes 4 quad + odd and 4 quad + odd + 2, chains side by side
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c)
 #pragma GCC unroll 2
-      for (int e = 0; e < 2; ++e)
-#pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) {
+        for (int e = 0; e < 2; ++e) {
           const int d = c * kLanes + 4 * quad + odd + 2 * e;
           __m256 qb[NP];
 #pragma GCC unroll 4
