@@ -112,12 +112,16 @@ class GemmaDecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        return self.forward_with(x, lambda h: self.self_attn(h, k_cache, v_cache, meta))
+        return self.forward_with(x, lambda h: self.self_attn(h, k_cache, v_cache, meta), meta.keep)
 
     def forward_with(
-        self, x: torch.Tensor, attention: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        x: torch.Tensor,
+        attention: Callable[[torch.Tensor], torch.Tensor],
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.post_attention_layernorm(attention(self.input_layernorm(x)))
+        attended = self.post_attention_layernorm(attention(self.input_layernorm(x)))
+        x = x + attended if keep is None else x[keep] + attended
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 

@@ -148,14 +148,19 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        return self.forward_with(x, lambda h: self.self_attn(h, k_cache, v_cache, meta))
+        return self.forward_with(x, lambda h: self.self_attn(h, k_cache, v_cache, meta), meta.keep)
 
     def forward_with(
-        self, x: torch.Tensor, attention: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        x: torch.Tensor,
+        attention: Callable[[torch.Tensor], torch.Tensor],
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The layer around its attention (a function of the normed stream): shared by the eager
-        step and the compiled decode graph."""
-        x = x + attention(self.input_layernorm(x))
+        step and the compiled decode graph. `keep`: the rows the attention returns (the last
+        layer's, AttentionMetadata.keep), the rest of the layer runs for them alone."""
+        attended = attention(self.input_layernorm(x))
+        x = x + attended if keep is None else x[keep] + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -217,9 +222,11 @@ class DecoderForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        """The last norm's output for every row, or for meta.keep's rows (in that order)."""
         x = self.embed(input_ids)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, k_cache, v_cache, meta)
+        last = len(self.layers) - 1
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            x = layer(x, k_cache, v_cache, meta if i == last else meta.without_keep())
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -115,6 +115,19 @@ class AttentionMetadata:
     context_batch: ContextBatch | None = None  # all prefill chunks as one padded batch
     window: int | None = None  # sliding-window attention: a token sees its last `window` positions
     local: dict[int, AttentionMetadata] = field(default_factory=dict)  # windowed copies, per window
+    # the rows whose output the step uses (the model's last layer: its attention, MLP and norm
+    # run for these rows alone, after every row's K/V is in the cache); None: every row
+    keep: torch.Tensor | None = None
+
+    def without_keep(self) -> AttentionMetadata:
+        """This step's metadata for the layers before the last: every row's output. Built once
+        a step (kept in `local` under -1, no window's key)."""
+        if self.keep is None:
+            return self
+        plain = self.local.get(-1)
+        if plain is None:
+            plain = self.local[-1] = dataclasses.replace(self, keep=None, local={})
+        return plain
 
     def windowed(self, window: int) -> AttentionMetadata:
         """This step's metadata for a sliding-window layer (Gemma 3's local layers): each token
@@ -154,6 +167,7 @@ class AttentionMetadata:
             decode_lens=move(self.decode_lens),
             invariant=self.invariant,
             window=self.window,
+            keep=move(self.keep),
             context_batch=None if self.context_batch is None else self.context_batch.to(device),
             prefills=[
                 PrefillChunk(c.token_start, c.num_query_tokens, c.context_len, c.context_slots.to(device))
@@ -204,6 +218,8 @@ class CpuPagedAttention:
             # every row a decode row (the invariant mode's prefill too): the kernel writes each
             # row's K/V at its slot itself (a write and a read back of the whole chunk: 6% of a
             # 1,000-token prefill of Gemma 3)
+            if meta.keep is not None:
+                return self._kept(q, k, v, k_cache, v_cache, meta)
             return self._decode(q, k_cache, v_cache, meta, k, v).view(q.shape[0], -1)
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
@@ -217,6 +233,36 @@ class CpuPagedAttention:
                 rows = slice(chunk.token_start, chunk.token_start + chunk.num_query_tokens)
                 out[rows] = self._prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, meta.window)
         return out.view(q.shape[0], self.num_heads * self.head_dim)
+
+    def _kept(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Every row's K/V into the cache, then the attention of the kept rows alone: a row's
+        result is the same bits whatever rows share its call (the invariant kernel), and the
+        cache holds what the whole call would have written."""
+        assert meta.keep is not None and meta.decode_block_ids is not None and meta.decode_mask is not None
+        keep = meta.keep
+        k_cache.index_copy_(0, meta.slot_mapping, k)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
+        max_blocks = meta.decode_block_ids.numel() // q.shape[0]
+        out = torch.ops.argosy_iq.attention(
+            q[keep],
+            k[keep],
+            v[keep],
+            k_cache,
+            v_cache,
+            meta.slot_mapping[keep],
+            meta.decode_block_ids.view(q.shape[0], max_blocks)[keep].reshape(-1),
+            meta.decode_mask[keep],
+            meta.block_size,
+        )
+        return out.view(keep.numel(), -1)
 
     def _decode(
         self,

@@ -128,6 +128,45 @@ def test_prefill_chunking_changes_nothing(
     assert generate(chunked, [prompt])[0] == solo
 
 
+def test_the_last_layer_run_for_the_rows_read_alone_changes_nothing(
+    llm: LLMEngine, prompt: list[int], solo: Result, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last layer attends and runs its MLP for the rows a step reads (a prefill's last row,
+    a prompt-logprobs chunk's every row); every row's K/V still reaches the cache, and the rows
+    read get the bits the whole layer gives them."""
+    from argosy.ops.attention import CpuPagedAttention
+
+    others = neighbours(llm, 3, seed=11)
+    pruned = generate(llm, [prompt, *others])
+    rows: list[tuple[int, int]] = []
+    kept = CpuPagedAttention._kept
+
+    def counting(self: CpuPagedAttention, q: torch.Tensor, *args: object) -> torch.Tensor:
+        out: torch.Tensor = kept(self, q, *args)  # type: ignore[arg-type]
+        rows.append((q.shape[0], out.shape[0]))
+        return out
+
+    monkeypatch.setattr(CpuPagedAttention, "_kept", counting)
+    with_logprobs = dataclasses.replace(params(), prompt_logprobs=3)
+    llm.add_request("plp", prompt, with_logprobs)
+    pruned_prompt_logprobs = None
+    while llm.has_unfinished():
+        for out in llm.step():
+            pruned_prompt_logprobs = out.prompt_logprobs or pruned_prompt_logprobs
+    assert rows == [] and pruned_prompt_logprobs is not None  # a chunk asking them keeps every row
+    assert generate(llm, [prompt])[0] == solo
+    assert rows and all(n_out < n_in for n_in, n_out in rows)  # the prefill's last layer: one row
+    monkeypatch.setattr(llm.runner, "_prunes_last_layer", False)
+    assert generate(llm, [prompt, *others]) == pruned
+    assert generate(llm, [prompt])[0] == solo
+    llm.add_request("plp2", prompt, with_logprobs)
+    whole_prompt_logprobs = None
+    while llm.has_unfinished():
+        for out in llm.step():
+            whole_prompt_logprobs = out.prompt_logprobs or whole_prompt_logprobs
+    assert whole_prompt_logprobs == pruned_prompt_logprobs
+
+
 def test_a_seeded_sample_is_the_same_alone_and_in_a_batch(llm: LLMEngine, prompt: list[int]) -> None:
     alone = generate(llm, [prompt], seed=7)[0]
     assert generate(llm, [prompt, *neighbours(llm, 7, seed=1)], seed=7)[0] == alone
