@@ -59,14 +59,22 @@ def cast_for_cache(
     return (q.float() if invariant else q.to(cache_dtype)), k, v
 
 
+def _token_rows(x: torch.Tensor) -> torch.Tensor:
+    """x itself when each token's values (all but dim 0) lie contiguous, else a contiguous copy."""
+    inner = x[0] if x.shape[0] else x
+    return x if x.shape[0] and inner.is_contiguous() and x.stride(-1) == 1 else x.contiguous()
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, D]; cos/sin: [T, 1, D] (rotate-half layout, as transformers)."""
     if x.dtype == torch.float32 and not torch.compiler.is_compiling() and invariant_ops_ready():
         # the eager step: the same operations in one native pass (the same bits as the
         # statement below, which the compiled decode graph keeps)
+        # each token's values contiguous, tokens any stride apart (read in place: q or k of the
+        # fused projection, one half of Gemma's two tables)
         n = x.shape[0]
-        table = (cos.reshape(n, -1).float().contiguous(), sin.reshape(n, -1).float().contiguous())
-        out: torch.Tensor = torch.ops.argosy_iq.rope(x.contiguous(), *table)
+        table = (_token_rows(cos.reshape(n, -1).float()), _token_rows(sin.reshape(n, -1).float()))
+        out: torch.Tensor = torch.ops.argosy_iq.rope(_token_rows(x), *table)
         return out
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)

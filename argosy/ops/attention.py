@@ -248,8 +248,7 @@ class CpuPagedAttention:
         cache holds what the whole call would have written."""
         assert meta.keep is not None and meta.decode_block_ids is not None and meta.decode_mask is not None
         keep = meta.keep
-        k_cache.index_copy_(0, meta.slot_mapping, k)
-        v_cache.index_copy_(0, meta.slot_mapping, v)
+        torch.ops.argosy_iq.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         max_blocks = meta.decode_block_ids.numel() // q.shape[0]
         out = torch.ops.argosy_iq.attention(
             q[keep],

@@ -169,11 +169,11 @@ def _register_invariant_fakes() -> None:
 
     @torch.library.register_fake("argosy_iq::rope")
     def _(x, cos, sin):  # type: ignore[no-untyped-def]
-        return torch.empty_like(x)
+        return x.new_empty(x.shape)  # contiguous, whatever x's token stride
 
     @torch.library.register_fake("argosy_iq::rms_norm")
     def _(x, weight, eps, offset):  # type: ignore[no-untyped-def]
-        return torch.empty_like(x)
+        return x.new_empty(x.shape)
 
     @torch.library.register_fake("argosy_iq::geglu")
     def _(gate_up):  # type: ignore[no-untyped-def]

@@ -363,6 +363,16 @@ def test_rms_norm_gives_the_scalar_bits_on_every_path_and_the_float64_norm(
         assert torch.equal(bits(torch.ops.argosy_iq.rms_norm(x, w, eps, offset)), bits(reference)), path
         alone = torch.cat([torch.ops.argosy_iq.rms_norm(x[i : i + 1], w, eps, offset) for i in range(7)])
         assert torch.equal(bits(alone), bits(reference)), path
+        # read in place: rows of a wider tensor (k of a fused projection), heads of a token (q)
+        fused = torch.cat(
+            [torch.randn(7, 3, generator=gen), x, x.flip(0), torch.randn(7, 5, generator=gen)], 1
+        )
+        strided = torch.ops.argosy_iq.rms_norm(fused[:, 3 : 3 + dim], w, eps, offset)
+        assert strided.is_contiguous() and torch.equal(bits(strided), bits(reference)), path
+        heads = torch.ops.argosy_iq.rms_norm(fused[:, 3 : 3 + 2 * dim].view(7, 2, dim), w, eps, offset)
+        assert heads.shape == (7, 2, dim) and heads.is_contiguous(), path
+        assert torch.equal(bits(heads[:, 0]), bits(reference)), path
+        assert torch.equal(bits(heads[:, 1]), bits(reference.flip(0))), path
 
 
 @pytest.mark.parametrize(
@@ -383,9 +393,14 @@ def test_rope_gives_the_bits_of_the_python_statement_on_every_path(
     cos, sin = table[..., dim:], table[..., :dim]
     half = dim // 2
     statement = x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    # x read in place too: q of a fused projection's output, its tokens a row of it apart
+    fused = torch.cat([x.reshape(37, -1), torch.randn(37, 2 * dim, generator=gen)], dim=1)
+    in_place = fused[:, : heads * dim].view(37, heads, dim)
+    assert not in_place.is_contiguous()
     for path in paths:
         torch.ops.argosy_iq.set_path(path)
         assert torch.equal(bits(apply_rope(x, cos, sin)), bits(statement)), path
+        assert torch.equal(bits(apply_rope(in_place, cos, sin)), bits(statement)), path
 
 
 def test_paths_are_named_and_a_missing_one_is_refused(paths: list[str]) -> None:

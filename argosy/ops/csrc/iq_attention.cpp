@@ -865,6 +865,37 @@ void run_tasks(int64_t count, const F& f) {
 
 }  // namespace attn
 
+// each row's K and V (fp16 [T, KVH, D]) at its slot of the caches
+void write_rows(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+                const at::Tensor& slots) {
+  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes() && k.scalar_type() == at::kHalf && v.scalar_type() == at::kHalf &&
+                  k_cache.scalar_type() == at::kHalf && v_cache.scalar_type() == at::kHalf,
+              "write_kv: float16 k, v and caches");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3 &&
+                  k_cache.size(1) == k.size(1) && k_cache.size(2) == k.size(2) && v_cache.sizes() == k_cache.sizes(),
+              "write_kv: caches [slots, KV heads, dim] like k");
+  TORCH_CHECK(slots.numel() == k.size(0), "write_kv: one slot a row");
+  auto kc = k.contiguous();
+  auto vc = v.contiguous();
+  auto sc = slots.to(at::kLong).contiguous();
+  const int64_t rows = k.size(0), row_bytes = k.size(1) * k.size(2) * 2, num_slots = k_cache.size(0);
+  auto* kdst = static_cast<char*>(k_cache.data_ptr());
+  auto* vdst = static_cast<char*>(v_cache.data_ptr());
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t slot = sc.data_ptr<int64_t>()[r];
+    TORCH_CHECK(slot >= 0 && slot < num_slots, "slot out of range");
+    std::memcpy(kdst + slot * row_bytes, static_cast<const char*>(kc.data_ptr()) + r * row_bytes, row_bytes);
+    std::memcpy(vdst + slot * row_bytes, static_cast<const char*>(vc.data_ptr()) + r * row_bytes, row_bytes);
+  }
+}
+
+// argosy_iq::write_kv: the attention op's first step alone (a step whose last layer attends for
+// some of its rows writes every row's K/V first)
+void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+              const at::Tensor& slots) {
+  write_rows(k, v, k_cache, v_cache, slots);
+}
+
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
                      at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& block_ids, const at::Tensor& mask,
                      int64_t block_size) {
@@ -881,20 +912,11 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(ctx % block_size == 0 && block_ids.numel() == rows * (ctx / block_size),
               "attention: block table and mask disagree");
   auto qc = q.contiguous();
-  auto kc = k.contiguous();
-  auto vc = v.contiguous();
-  auto sc = slots.to(at::kLong).contiguous();
   auto bc = block_ids.to(at::kLong).contiguous();
   auto mc = mask.to(at::kBool).contiguous().view({rows, ctx});
-  const int64_t row_bytes = kv_heads * dim * 2, num_slots = k_cache.size(0);
-  auto* kdst = static_cast<char*>(k_cache.data_ptr());
-  auto* vdst = static_cast<char*>(v_cache.data_ptr());
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t slot = sc.data_ptr<int64_t>()[r];
-    TORCH_CHECK(slot >= 0 && slot < num_slots, "attention: slot out of range");
-    std::memcpy(kdst + slot * row_bytes, static_cast<const char*>(kc.data_ptr()) + r * row_bytes, row_bytes);
-    std::memcpy(vdst + slot * row_bytes, static_cast<const char*>(vc.data_ptr()) + r * row_bytes, row_bytes);
-  }
+  TORCH_CHECK(k.size(0) == rows, "attention: one K/V row a query row");
+  write_rows(k, v, k_cache, v_cache, slots);
+  const int64_t num_slots = k_cache.size(0);
   const int64_t max_blocks = ctx / block_size, num_blocks = num_slots / block_size;
   const int64_t* table = bc.data_ptr<int64_t>();
   for (int64_t i = 0; i < bc.numel(); ++i)
@@ -985,4 +1007,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 }  // namespace
 
-TORCH_LIBRARY_IMPL(argosy_iq, CPU, m) { m.impl("attention", &attention); }
+TORCH_LIBRARY_IMPL(argosy_iq, CPU, m) {
+  m.impl("attention", &attention);
+  m.impl("write_kv", &write_kv);
+}

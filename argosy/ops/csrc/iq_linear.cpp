@@ -843,6 +843,7 @@ TORCH_LIBRARY(argosy_iq, m) {
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
       "Tensor block_ids, Tensor mask, int block_size) -> Tensor");
+  m.def("write_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots) -> ()");
   m.def("set_path(str name) -> str");
   m.def("paths() -> str[]");
   m.def("path() -> str");

@@ -1,7 +1,9 @@
 // Invariant RMSNorm: the same bits for a row whatever else is in the call, on every path, in the
 // eager step and the compiled one alike. Built with iq_linear.cpp into torch.ops.argosy_iq.
 //
-// argosy_iq::rms_norm(x [T, D] fp32, weight [D] fp32, eps, offset) -> [T, D] fp32:
+// argosy_iq::rms_norm(x [T, D] or [T, H, D] fp32, weight [D] fp32, eps, offset) -> x's shape, fp32,
+// contiguous; x's rows of D values contiguous, its tokens any stride apart (q or k of a fused
+// projection's output, read in place), per row of D:
 //   s = the sum of x_i * x_i in float64 (each square exact), in one fixed order: lane l of 8
 //       adds the squares of i = l, l + 8, l + 16, ... in turn, then the lanes add as
 //       ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))
@@ -89,12 +91,14 @@ ARGOSY_NORM256 void scale256(const float* x, const float* w, float offset, float
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
-              "rms_norm: x must be a contiguous float32 [rows, dim] tensor");
-  const int64_t rows = x.size(0), d = x.size(1), path = current_path();
+  TORCH_CHECK((x.dim() == 2 || x.dim() == 3) && x.scalar_type() == at::kFloat && x.stride(-1) == 1 &&
+                  (x.dim() == 2 || x.stride(1) == x.size(2)),
+              "rms_norm: x must be float32 [tokens, dim] or [tokens, heads, dim], each token's values contiguous");
+  const int64_t d = x.size(-1), heads = x.dim() == 3 ? x.size(1) : 1, rows = x.size(0) * heads;
+  const int64_t token_stride = x.stride(0), path = current_path();
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == d && weight.is_contiguous() && weight.scalar_type() == at::kFloat,
               "rms_norm: weight must be a contiguous float32 [dim] tensor");
-  at::Tensor out = at::empty_like(x);
+  at::Tensor out = at::empty(x.sizes(), x.options());
   if (rows == 0 || d == 0) return out;
   const float* xp = x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
@@ -102,7 +106,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
   const float e = static_cast<float>(eps), off = static_cast<float>(offset);
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / d), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const float* row = xp + r * d;
+      const float* row = xp + (r / heads) * token_stride + (r % heads) * d;
       const double s = path >= kAvx512 ? squares512(row, d) : path == kAvx2 ? squares256(row, d) : squares_scalar(row, d);
       const float inv = 1.0f / std::sqrt(static_cast<float>(s / static_cast<double>(d)) + e);
       if (path >= kAvx512)

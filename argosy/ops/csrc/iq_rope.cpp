@@ -5,7 +5,9 @@
 // in one pass instead of aten's five (a negation, a concatenation, two products and a sum).
 // Built with iq_linear.cpp into torch.ops.argosy_iq.
 //
-// argosy_iq::rope(x [T, H, D] fp32, cos [T, D] fp32, sin [T, D] fp32) -> [T, H, D] fp32
+// argosy_iq::rope(x [T, H, D] fp32, cos [T, D] fp32, sin [T, D] fp32) -> [T, H, D] fp32, contiguous;
+// each token's H x D values (and its D of cos and sin) contiguous, tokens any stride apart (a
+// slice of a fused projection's output, one half of Gemma's two tables, read in place)
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -45,14 +47,17 @@ void row_plain(const float* xr, const float* c, const float* s, float* o, int64_
 }
 
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.size(2) % 2 == 0,
-              "rope: x must be a contiguous float32 [tokens, heads, dim] tensor with an even dim");
-  const int64_t t = x.size(0), heads = x.size(1), d = x.size(2), half = d / 2;
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat && x.size(2) % 2 == 0 && x.stride(2) == 1 &&
+                  x.stride(1) == x.size(2),
+              "rope: x must be a float32 [tokens, heads, dim] tensor with an even dim, each token's values "
+              "contiguous");
+  const int64_t t = x.size(0), heads = x.size(1), d = x.size(2), half = d / 2, x_stride = x.stride(0);
   for (const auto* table : {&cos, &sin})
-    TORCH_CHECK(table->dim() == 2 && table->size(0) == t && table->size(1) == d && table->is_contiguous() &&
+    TORCH_CHECK(table->dim() == 2 && table->size(0) == t && table->size(1) == d && table->stride(1) == 1 &&
                     table->scalar_type() == at::kFloat,
-                "rope: cos and sin must be contiguous float32 [tokens, dim]");
-  at::Tensor out = at::empty_like(x);
+                "rope: cos and sin must be float32 [tokens, dim], each token's values contiguous");
+  const int64_t c_stride = cos.stride(0), s_stride = sin.stride(0);
+  at::Tensor out = at::empty(x.sizes(), x.options());
   const float* xp = x.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
@@ -60,9 +65,9 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   const int64_t path = argosy_iq::current_path();
   at::parallel_for(0, t * heads, std::max<int64_t>(1, 8192 / d), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
-      const float* xr = xp + row * d;
-      const float* c = cp + (row / heads) * d;
-      const float* s = sp + (row / heads) * d;
+      const float* xr = xp + (row / heads) * x_stride + (row % heads) * d;
+      const float* c = cp + (row / heads) * c_stride;
+      const float* s = sp + (row / heads) * s_stride;
       float* o = op + row * d;
       if (path >= argosy_iq::kAvx512)
         row512(xr, c, s, o, half, d);
