@@ -54,7 +54,10 @@ class TokenTexts:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
-        kinds = _decoder_kinds(json.loads(tokenizer.to_str()).get("decoder"))
+        # the decoder's own JSON: the whole tokenizer's (to_str) is ~1 s to write and read for
+        # Gemma's 262k-token vocabulary, at every model load
+        decoder = tokenizer.decoder
+        kinds = _decoder_kinds(None if decoder is None else json.loads(decoder.__getstate__()))
         self._is_byte_level = "ByteLevel" in kinds
         self._is_metaspace = "Metaspace" in kinds
         self._added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
