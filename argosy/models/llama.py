@@ -59,7 +59,7 @@ def cast_for_cache(
     return (q.float() if invariant else q.to(cache_dtype)), k, v
 
 
-def _token_rows(x: torch.Tensor) -> torch.Tensor:
+def token_rows(x: torch.Tensor) -> torch.Tensor:
     """x itself when each token's values (all but dim 0) lie contiguous, else a contiguous copy."""
     inner = x[0] if x.shape[0] else x
     return x if x.shape[0] and inner.is_contiguous() and x.stride(-1) == 1 else x.contiguous()
@@ -73,8 +73,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         # each token's values contiguous, tokens any stride apart (read in place: q or k of the
         # fused projection, one half of Gemma's two tables)
         n = x.shape[0]
-        table = (_token_rows(cos.reshape(n, -1).float()), _token_rows(sin.reshape(n, -1).float()))
-        out: torch.Tensor = torch.ops.argosy_iq.rope(_token_rows(x), *table)
+        table = (token_rows(cos.reshape(n, -1).float()), token_rows(sin.reshape(n, -1).float()))
+        out: torch.Tensor = torch.ops.argosy_iq.rope(token_rows(x), *table)
         return out
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -249,19 +249,16 @@ class CpuPagedAttention:
         assert meta.keep is not None and meta.decode_block_ids is not None and meta.decode_mask is not None
         keep = meta.keep
         torch.ops.argosy_iq.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        max_blocks = meta.decode_block_ids.numel() // q.shape[0]
-        out = torch.ops.argosy_iq.attention(
-            q[keep],
-            k[keep],
-            v[keep],
-            k_cache,
-            v_cache,
-            meta.slot_mapping[keep],
-            meta.decode_block_ids.view(q.shape[0], max_blocks)[keep].reshape(-1),
-            meta.decode_mask[keep],
-            meta.block_size,
+        kept = dataclasses.replace(
+            meta,
+            slot_mapping=meta.slot_mapping[keep],
+            num_decodes=keep.numel(),
+            decode_block_ids=meta.decode_block_ids.view(q.shape[0], -1)[keep].reshape(-1),
+            decode_mask=meta.decode_mask[keep],
+            keep=None,
+            local={},
         )
-        return out.view(keep.numel(), -1)
+        return self._decode(q[keep], k_cache, v_cache, kept, k[keep], v[keep]).view(keep.numel(), -1)
 
     def _decode(
         self,
