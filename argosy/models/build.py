@@ -282,13 +282,14 @@ def _quantize(
         head = model.lm_head
         # a tied Q8_0 table: the tokens' embeddings from the head's codes, exact in float32 as
         # llama.cpp reads them (a bf16 table rounds them to 8 bits), and no bf16 copy of the
-        # table (57 MB for SmolLM2)
+        # table (57 MB for SmolLM2). A file's own codes are its values by construction (the
+        # converter wrote the float weights from them): checked only where we quantized
         if (
             tied
             and head_rows
             and isinstance(head, Int8Linear)
             and head.invariant
-            and codes_are_exact(head, head_rows)
+            and (head.own_codes or codes_are_exact(head, head_rows))
         ):
             model.embed_tokens = CodesEmbedding(head)  # type: ignore[assignment]
     log.info("quantization %s: %d projection layers", mode, count)

@@ -101,11 +101,47 @@ def _scales_and_mins(
     return _half(blocks, 208)[..., None] * sc, None
 
 
-def block_codes(tensor: GGUFTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+# (codes int8 [N, K], scales float32 [N, K/G], mins float32 [N, K/32] or None)
+Found = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+_SHIFTS_1 = np.arange(8, dtype=np.uint8).reshape(8, 1)
+_SHIFTS_2 = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)
+_SHIFTS_4 = np.array([0, 4], dtype=np.uint8).reshape(2, 1)
+_SHIFTS_32 = np.arange(32, dtype=np.uint32)
+
+
+def _block_codes(kind: gguf.GGMLQuantizationType, blocks: np.ndarray) -> np.ndarray:
+    """Per block [N, B, bytes]: the codes int8 [N, B, weights a block] read from the bits, in
+    weight order (the gguf package's dequantization reads the same bits in the same order)."""
+    n, count = blocks.shape[:2]
+    if kind == _Q.Q8_0:
+        return blocks[..., 2:].view(np.int8)
+    if kind == _Q.Q6_K:  # ql[128]: low then high nibbles of 64 bytes; qh[64]: 2 bits each
+        low = blocks[..., :128].reshape(n, count, 2, 1, 64) >> _SHIFTS_4
+        high = blocks[..., 128:192].reshape(n, count, 2, 1, 32) >> _SHIFTS_2
+        q = (low & 0x0F).reshape(n, count, 256) | ((high & 0x03).reshape(n, count, 256) << 4)
+        return q.view(np.int8) - np.int8(32)
+    if kind in (_Q.Q4_K, _Q.Q5_K):  # a 32-byte chunk: low nibbles one sub-block, high the next
+        qs = blocks[..., -128:].reshape(n, count, 4, 1, 32) >> _SHIFTS_4
+        q = (qs & 0x0F).reshape(n, count, 256)
+        if kind == _Q.Q5_K:  # qh[32]: bit i of byte j is weight j's 5th bit in sub-block i
+            qh = blocks[..., 16:48].reshape(n, count, 1, 32) >> _SHIFTS_1
+            q |= (qh & 0x01).reshape(n, count, 256) << 4
+        return q.view(np.int8)
+    # Q5_0 / Q5_1: qh (uint32, bit j: weight j's 5th bit), then 16 bytes: low nibbles weights
+    # 0-15, high nibbles 16-31; Q5_0's codes are centred on 16
+    at = 2 if kind == _Q.Q5_0 else 4
+    qh = blocks[..., at : at + 4].copy().view("<u4") >> _SHIFTS_32
+    low = blocks[..., at + 4 :].reshape(n, count, 1, 16) >> _SHIFTS_4
+    q = (low & 0x0F).reshape(n, count, 32) | ((qh & 1).astype(np.uint8) << 4)
+    return q.view(np.int8) - np.int8(16 if kind == _Q.Q5_0 else 0)
+
+
+def block_codes(tensor: GGUFTensor) -> Found | None:
     """(codes int8 [N, K], scales float32 [N, K/G], mins float32 [N, K/32] or None) with
-    codes * scale + min equal to the gguf package's dequantization of every value, or None if
-    the tensor is in none of these formats (or a value does not come back exactly, or a code
-    falls outside [-127, 127]: then the caller keeps the float weights)."""
+    codes * scale + min equal to the gguf package's dequantization of every value (the same
+    bits, and the same float32 products and sum: tests/unit/test_gguf_blocks.py), or None if
+    the tensor is in none of these formats (or a Q8_0 code is -128, outside the kernels'
+    [-127, 127]: then the caller keeps the float weights)."""
     fmt = _BLOCK_FORMATS.get(tensor.tensor_type)
     if fmt is None or len(tensor.shape) != 2:
         return None
@@ -114,39 +150,43 @@ def block_codes(tensor: GGUFTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray 
     per_block = gguf.GGML_QUANT_SIZES[tensor.tensor_type][0]
     blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(n, k // per_block, block_bytes)
     scales, mins = _scales_and_mins(tensor.tensor_type, blocks)
-    scales = scales.reshape(n, k // group)
-    if tensor.tensor_type == _Q.Q8_0:  # the codes are the file's bytes, d * q is gguf's formula
-        codes = blocks[..., 2:].copy().view(np.int8).reshape(n, k)
-        return None if codes.min(initial=0) < -127 else (codes, scales, None)
-    values = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(n, k)
-    groups = values.reshape(n, k // group, group).astype(np.float64)
-    if mins is not None:
-        mins = mins.reshape(n, k // 32)
-        per_group = np.repeat(mins, 32 // group, axis=1) if group != 32 else mins
-        groups = groups - per_group[..., None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        codes = np.where(scales[..., None] != 0, np.rint(groups / scales[..., None]), 0.0)
-    if np.abs(codes).max(initial=0) > 127:
+    codes = _block_codes(tensor.tensor_type, blocks).reshape(n, k)
+    if tensor.tensor_type == _Q.Q8_0 and codes.min(initial=0) < -127:
         return None
-    codes = codes.astype(np.int8).reshape(n, k)
-    rebuilt = codes.reshape(n, k // group, group).astype(np.float32) * scales[..., None]
-    if mins is not None:
-        rebuilt = rebuilt.reshape(n, k // 32, 32) + mins[..., None]
-    if not np.array_equal(rebuilt.reshape(n, k), values):
-        return None
-    return codes, scales, mins
+    return codes, scales.reshape(n, k // group), None if mins is None else mins.reshape(n, k // 32)
 
 
-def iter_block_tensors(reader: GGUFFile, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+def block_values(found: Found) -> np.ndarray:
+    """float32 [N, K]: codes * scale (+ min), the gguf package's dequantization of the values."""
+    codes, scales, mins = found
+    n, k = codes.shape
+    values = codes.reshape(n, scales.shape[1], -1).astype(np.float32)
+    values *= scales[..., None]
+    if mins is not None:
+        values = values.reshape(n, k // 32, 32)
+        values += mins[..., None]
+    return values.reshape(n, k)
+
+
+def file_block_codes(reader: GGUFFile) -> dict[str, Found]:
+    """`block_codes` of every tensor of the file that has them, by GGUF tensor name."""
+    return {tensor.name: found for tensor in reader.tensors if (found := block_codes(tensor)) is not None}
+
+
+def iter_block_tensors(
+    reader: GGUFFile, config: dict[str, Any], found_codes: dict[str, Found]
+) -> Iterator[tuple[str, np.ndarray]]:
     """For every weight in one of `block_codes`' formats: `<hf name>.codes` (int8 [N, K]),
     `.scales` (float32 [N, K/G]) and `.mins` (float32 [N, K/32], where the format has them), in
-    HF row order (llama q/k un-permuted)."""
+    HF row order (llama q/k un-permuted), from `found_codes` (`file_block_codes`)."""
     is_permuted = config["model_type"] in _PERMUTED_MODEL_TYPES
     heads = {"q_proj": int(config["num_attention_heads"]), "k_proj": int(config["num_key_value_heads"])}
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name, config["model_type"])
-        found = None if name is None else block_codes(tensor)
-        if name is None or found is None:
+        if name is None:
+            continue
+        found = found_codes.get(tensor.name)
+        if found is None:
             continue
         parts = {"codes": found[0], "scales": found[1]}
         if found[2] is not None:

@@ -8,7 +8,7 @@ later loader can keep some tensors quantized (e.g. Q4_1 blocks) and still reuse 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gguf
@@ -98,8 +98,11 @@ def dequantize_tensor(tensor: GGUFTensor) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(hf_shape)
 
 
-def iter_hf_tensors(reader: GGUFFile, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, float32 array) for every weight of the file, in HF layout, one at a time."""
+def iter_hf_tensors(
+    reader: GGUFFile, config: dict[str, Any], known: Callable[[GGUFTensor], np.ndarray | None] | None = None
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, float32 array) for every weight of the file, in HF layout, one at a time.
+    `known(tensor)`: its float32 values [N, K] where already computed (None: dequantize it)."""
     is_permuted = config["model_type"] in _PERMUTED_MODEL_TYPES
     num_heads = int(config["num_attention_heads"])
     num_kv_heads = int(config["num_key_value_heads"])
@@ -108,7 +111,8 @@ def iter_hf_tensors(reader: GGUFFile, config: dict[str, Any]) -> Iterator[tuple[
         name = hf_tensor_name(tensor.name, config["model_type"])
         if name is None:
             continue
-        values = dequantize_tensor(tensor)
+        values = known(tensor) if known is not None else None
+        values = dequantize_tensor(tensor) if values is None else values
         if gemma and name.endswith("norm.weight"):
             values = values - np.float32(1.0)  # the HF weight (the model adds the 1 back)
         if is_permuted and ".self_attn.q_proj." in name:

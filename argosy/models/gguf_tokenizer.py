@@ -238,17 +238,21 @@ def merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[
     merged token's score (then by shorter left/right piece, as transformers' generate_merges
     does, so both rebuild the same tokenizer).
     """
-    ranked: list[tuple[str, str, float]] = []
+    # (score, len(left), len(right), -position, left, right): one sort of plain tuples, highest
+    # first; -position keeps the splits of equal rank in the order they were found
+    ranked: list[tuple[float, int, int, int, str, str]] = []
     for merged, score in scores.items():
         splits = [
-            (merged[:cut], merged[cut:], score)
+            (vocab[left], vocab[right], left, right)
             for cut in range(1, len(merged))
-            if merged[:cut] in vocab and merged[cut:] in vocab
+            if (left := merged[:cut]) in vocab and (right := merged[cut:]) in vocab
         ]
-        splits.sort(key=lambda split: (vocab[split[0]], vocab[split[1]]))
-        ranked.extend(splits)
-    ranked.sort(key=lambda split: (split[2], len(split[0]), len(split[1])), reverse=True)
-    return [(left, right) for left, right, _ in ranked]
+        if len(splits) > 1:
+            splits.sort()
+        for _, _, left, right in splits:
+            ranked.append((score, len(left), len(right), -len(ranked), left, right))
+    ranked.sort(reverse=True)
+    return [(left, right) for *_, left, right in ranked]
 
 
 def _add_special_tokens(tokenizer: Tokenizer, tokens: list[str], token_types: list[int]) -> None:

@@ -17,8 +17,9 @@ from argosy.errors import ModelLoadError
 from argosy.models.source import ModelSource
 
 
-def load_hf_folder(folder: Path, name: str) -> ModelSource:
-    """ModelSource for an HF folder; ModelLoadError when a required file is missing or unreadable."""
+def load_hf_folder(folder: Path, name: str, tokenizer: Tokenizer | None = None) -> ModelSource:
+    """ModelSource for an HF folder; ModelLoadError when a required file is missing or
+    unreadable. `tokenizer`: its tokenizer.json's, already in memory (a conversion's)."""
     config = _read_json(folder / "config.json", required=True)
     architectures = config.get("architectures") or []
     if not architectures:
@@ -28,7 +29,8 @@ def load_hf_folder(folder: Path, name: str) -> ModelSource:
     generation_config = _read_json(folder / "generation_config.json", required=False)
     tokenizer_config = _read_json(folder / "tokenizer_config.json", required=False)
     special_tokens_map = _read_json(folder / "special_tokens_map.json", required=False)
-    tokenizer = _read_tokenizer(folder / "tokenizer.json")
+    if tokenizer is None:
+        tokenizer = _read_tokenizer(folder / "tokenizer.json")
 
     bos_token = _token_text(tokenizer_config.get("bos_token") or special_tokens_map.get("bos_token"))
     eos_token = _token_text(tokenizer_config.get("eos_token") or special_tokens_map.get("eos_token"))

@@ -21,6 +21,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from argosy.errors import ModelLoadError, NotFoundError
 from argosy.models.gguf_config import GGUF_FILE_TYPE_KEY
 from argosy.models.gguf_convert import convert_gguf
@@ -110,8 +112,8 @@ def resolve_model(name_or_path: str, cache_dir: str | Path | None = None) -> Mod
             f"{path} is neither a GGUF file nor a Hugging Face folder (pass the folder, not a file in it)"
         )
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
-    folder = ensure_gguf_converted(path, root)
-    source = load_hf_folder(folder, name=display_name)
+    folder, tokenizer = ensure_gguf_converted(path, root)
+    source = load_hf_folder(folder, name=display_name, tokenizer=tokenizer)
     source.source_format = "gguf"
     source.source_path = path
     source.gguf_file_type = source.hf_config.get(GGUF_FILE_TYPE_KEY)
@@ -128,11 +130,12 @@ def gguf_cache_folder(gguf_path: Path, cache_root: Path) -> Path:
     return cache_root / f"{resolved.stem}-{digest}"
 
 
-def ensure_gguf_converted(gguf_path: Path, cache_root: Path) -> Path:
-    """The complete cache folder for `gguf_path`, converting it first if needed."""
+def ensure_gguf_converted(gguf_path: Path, cache_root: Path) -> tuple[Path, Tokenizer | None]:
+    """The complete cache folder for `gguf_path`, converting it first if needed, and the
+    tokenizer that conversion built (None: the folder was there)."""
     folder = gguf_cache_folder(gguf_path, cache_root)
     if folder.is_dir():
-        return folder
+        return folder, None
     try:
         cache_root.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f".partial-{folder.name}-", dir=cache_root))
@@ -140,7 +143,7 @@ def ensure_gguf_converted(gguf_path: Path, cache_root: Path) -> Path:
         raise ModelLoadError(f"cannot create the model cache under {cache_root}: {exc}") from exc
     try:
         with StatusLine(f"converting {gguf_path.name} for Argosy (first load only)"):
-            convert_gguf(gguf_path, partial)
+            tokenizer = convert_gguf(gguf_path, partial)
         _fsync_tree(partial)
         try:
             partial.rename(folder)
@@ -157,7 +160,7 @@ def ensure_gguf_converted(gguf_path: Path, cache_root: Path) -> Path:
         if partial.exists():
             shutil.rmtree(partial, ignore_errors=True)
     _fsync_dir(cache_root)
-    return folder
+    return folder, tokenizer
 
 
 def _is_gguf(path: Path) -> bool:

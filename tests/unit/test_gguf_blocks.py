@@ -1,6 +1,7 @@
 """GGUF block formats read as int8 codes (argosy/models/gguf_quant.py `block_codes`): for each of
-Q8_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K, the codes times the scales plus the mins equal the gguf
-package's dequantization of the file, value for value, and so do the rows the invariant kernels'
+Q8_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K, the codes read from the bits times the scales plus the
+mins (`block_values`, the converter's float32 weights) equal the gguf package's dequantization of
+the file, value for value, and so do the rows the invariant kernels'
 layout gives back (the tied-embedding path)."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from safetensors.torch import load_file as load_torch
 
 from argosy.models.build import describe_weights, load_model, resolve_numerics
 from argosy.models.gguf_config import GGUF_TENSOR_TYPES_KEY, tensor_formats
-from argosy.models.gguf_quant import BLOCKS_FILE, block_codes
+from argosy.models.gguf_quant import BLOCKS_FILE, block_codes, block_values
 from argosy.models.loader import resolve_model
 from argosy.models.quantize import _FUSED_PARTS
 from argosy.ops.native import load_invariant_ops
@@ -75,10 +76,8 @@ def test_codes_times_scales_plus_mins_are_the_files_values(gguf_file: gguf.GGUFR
     assert scales.dtype == np.float32 and scales.shape == (N, K // group)
     assert (mins is not None) == has_mins
     expected = gguf.quants.dequantize(np.asarray(tensor.data), qtype).reshape(N, K)
-    values = (codes.reshape(N, -1, group).astype(np.float32) * scales[..., None]).reshape(N, K)
-    if mins is not None:
-        values = (values.reshape(N, -1, 32) + mins[..., None]).reshape(N, K)
-    np.testing.assert_array_equal(values, expected)
+    # the converter's float32 weights: the values from the codes, as gguf computes them
+    np.testing.assert_array_equal(block_values(found), expected)
     if not load_invariant_ops():
         return  # no compiler: the layout below is the kernels'
     weight = BlockCodes(
