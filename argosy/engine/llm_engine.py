@@ -75,6 +75,12 @@ def validate_request(
         )
 
 
+# The background compile starts once no request has come and no step run for this long, or this
+# long after the engine is ready whatever the traffic
+COMPILE_AFTER_QUIET_S = 1.0
+COMPILE_START_LATEST_S = 30.0
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, source: ModelSource | None = None) -> None:
         started = time.perf_counter()
@@ -156,6 +162,7 @@ class LLMEngine:
         self.compile_status = "off"
         self._compile_thread: threading.Thread | None = None
         self._stop_compiling = threading.Event()
+        self._last_busy = time.monotonic()  # when a request last came or a step last ran
         compile_mode = config.compile
         if compile_mode != "off" and not getattr(self.model, "supports_compiled_decode", True):
             log.info("compiled decode: not built for %s; decode steps run eagerly", self.source.architecture)
@@ -206,11 +213,22 @@ class LLMEngine:
         thread steps eagerly; the runner switches to them between steps once all are built."""
         with contextlib.suppress(AttributeError, OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        started = time.perf_counter()
         log.info(
             "compiling the decode step in the background (%d graphs); serving with eager steps meanwhile",
             len(row_counts),
         )
+        # not while the first requests run: importing dynamo and tracing hold the GIL for
+        # seconds (one cold start in bench/startup.py answered its first chat 6.6 s after /health)
+        latest = time.monotonic() + COMPILE_START_LATEST_S
+        while not self._stop_compiling.is_set() and time.monotonic() < latest:
+            quiet = time.monotonic() - self._last_busy
+            if quiet >= COMPILE_AFTER_QUIET_S and not self.has_unfinished():
+                break
+            self._stop_compiling.wait(0.1)
+        if self._stop_compiling.is_set():
+            self.compile_status = "stopped"
+            return
+        started = time.perf_counter()
         try:
             ready = self.runner.compile_decode(row_counts, self._stop_compiling)
         except Exception:  # noqa: BLE001 - the engine serves eagerly whatever happens here
@@ -293,6 +311,7 @@ class LLMEngine:
             seq.prompt_logprobs.append(None)
         self.sequences[request_id] = seq
         self.scheduler.add(seq)
+        self._last_busy = time.monotonic()
 
     def abort(self, request_id: str) -> RequestOutput | None:
         seq = self.sequences.pop(request_id, None)
@@ -310,6 +329,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        self._last_busy = time.monotonic()
         try:
             result = self.runner.execute(out)
         except Exception as exc:  # fail this step's requests alone; the loop goes on

@@ -33,7 +33,6 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import torch
-import torch._inductor.config
 from torch import nn
 
 from argosy.models.llama import DecoderForCausalLM, DecoderLayer, cast_for_cache
@@ -45,6 +44,20 @@ from argosy.progress import StatusLine
 log = logging.getLogger("argosy.runner")
 
 MIN_BLOCKS = 2  # block tables are padded to this, so their dynamic length is never 1
+
+# torch._dynamo and torch._inductor are imported by the first compile, on its thread, not with
+# this module: ~2.5 s of a start's way to /health. Set once they are, so nothing else imports
+# them meanwhile (two threads importing their cyclic modules at once see one half-initialized)
+_COMPILER_IMPORTED = threading.Event()
+_COMPILER_IMPORT_LOCK = threading.Lock()
+
+
+def _import_compiler() -> None:
+    with _COMPILER_IMPORT_LOCK:
+        import torch._dynamo
+        import torch._inductor.config  # noqa: F401 - the config CompiledDecoder sets
+
+        _COMPILER_IMPORTED.set()
 
 
 @torch.library.custom_op("argosy::paged_decode_attention", mutates_args=("k_cache", "v_cache"))
@@ -144,7 +157,9 @@ class DecodeGraph(nn.Module):
 def compiled_graph_count() -> int:
     """How many decode graphs this process has compiled (dynamo's cache entries of the one
     DecodeGraph.forward code object, every engine's together); 0 where torch's cache API is
-    not there."""
+    not there, and before a compile imported dynamo."""
+    if not _COMPILER_IMPORTED.is_set():
+        return 0
     try:
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
@@ -164,6 +179,7 @@ class CompiledDecoder:
         self.block_size = block_size
         self.native = load_native_ops() if native is None else native
         self.graph = DecodeGraph(model, block_size, self.native, invariant).eval()
+        _import_compiler()
         # compile in this process: a pool of compile workers would add ~1 GB to the server's
         # peak memory for a one-off start-up cost
         torch._inductor.config.compile_threads = 1

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import gc
 import itertools
+import time
 import weakref
 
 import pytest
 import torch
 from torch import nn
 
+from argosy.engine.llm_engine import COMPILE_AFTER_QUIET_S, LLMEngine
 from argosy.ops.attention import grouped_decode_attention
 from argosy.ops.native import load_native_ops
 from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
 from argosy.ops.quantized_linear import BatchSwitchLinear
 from argosy.runner.compiled import paged_decode_attention
-from argosy.runner.model_runner import kv_bytes_per_block
+from argosy.runner.model_runner import ModelRunner, kv_bytes_per_block
 from argosy.sampling_params import SamplingParams
 from tests.unit.conftest import TinyModel
 from tests.unit.test_engine import assert_all_blocks_free, greedy, prompt, run
@@ -77,6 +79,31 @@ def test_a_background_compile_serves_eagerly_then_switches_between_steps(tiny_ll
     for rid in requests:
         assert during[rid].token_ids == eager[rid].token_ids == after[rid].token_ids, rid
     assert_all_blocks_free(engine)
+
+
+def test_the_background_compile_waits_until_the_engine_is_quiet(
+    tiny_llama: TinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compile (dynamo's import and tracing hold the GIL for seconds) starts once no
+    request is in the engine and none came nor any step ran for COMPILE_AFTER_QUIET_S: the
+    first requests of a start are not served beside it."""
+    seen: list[tuple[bool, float]] = []
+    engines: list[LLMEngine] = []
+
+    def compile_decode(self: ModelRunner, row_counts: list[int], stop: object = None) -> bool:
+        engine = engines[0]
+        seen.append((engine.has_unfinished(), time.monotonic() - engine._last_busy))
+        return False
+
+    monkeypatch.setattr(ModelRunner, "compile_decode", compile_decode)
+    engines.append(engine := tiny_llama.engine(compile="on"))
+    run(engine, {f"q{i}": (prompt(9 + 4 * i, seed=720 + i), greedy(24)) for i in range(3)})
+    assert engine._compile_thread is not None
+    engine._compile_thread.join(timeout=60)
+    assert len(seen) == 1
+    unfinished, quiet_for = seen[0]
+    assert not unfinished and quiet_for >= COMPILE_AFTER_QUIET_S
+    assert engine.stats().compile_status == "failed"  # what the stand-in said
 
 
 def test_a_background_compile_stops_when_the_engine_closes(tiny_llama: TinyModel) -> None:
