@@ -25,11 +25,22 @@ from argosy.chat.template import ChatTemplate
 from argosy.chat.tool_prompt import hermes_conversation
 
 
+class _Vocabulary:
+    """`token in vocabulary`, asked of the tokenizer: get_vocab() builds a dict of every token
+    (262k for Gemma 3: ~0.4 s of a start) for the few markers detect_family looks up."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def __contains__(self, token: object) -> bool:
+        return isinstance(token, str) and self._tokenizer.token_to_id(token) is not None
+
+
 class ChatProfile:
     def __init__(self, template: ChatTemplate, tokenizer: Tokenizer) -> None:
         self.template = template
         self._tokenizer = tokenizer
-        self.family = detect_family(template.source, tokenizer.get_vocab(with_added_tokens=True))
+        self.family = detect_family(template.source, _Vocabulary(tokenizer))
         self.has_native_tools = "tools" in template.variables
         # Our tool prompt asks for Hermes calls, whatever the family writes natively.
         is_hermes = self.family.call_syntax == hermes.CALL_SYNTAX

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Container
 
 from argosy.chat.families import hermes, llama3_json, mistral, qwen3
 from argosy.chat.families.base import CallSyntax, ChatFamily
@@ -20,7 +20,7 @@ def get_family(name: str) -> ChatFamily:
     return family
 
 
-def detect_family(chat_template: str | None, vocab: Collection[str] = ()) -> ChatFamily:
+def detect_family(chat_template: str | None, vocab: Container[str] = ()) -> ChatFamily:
     """The family whose markers the model's chat template (or vocab) mentions; hermes if none."""
     template = chat_template or ""
     for family in _DETECTION_ORDER:

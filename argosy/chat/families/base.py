@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import string
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 _ALPHANUMERIC = string.ascii_letters + string.digits
@@ -55,7 +55,7 @@ class ChatFamily:
     name: str
     reasoning_markers: tuple[str, str] | None
     call_syntax: CallSyntax
-    matches: Callable[[str, Collection[str]], bool]
+    matches: Callable[[str, Container[str]], bool]
     new_call_id: Callable[[], str] = new_openai_call_id
 
     @property

@@ -9,14 +9,14 @@ one call per block, blocks in a row for parallel calls. The fallback for any tem
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Container
 
 from argosy.chat.families.base import CallSyntax, ChatFamily
 
 CALL_SYNTAX = CallSyntax(open_marker="<tool_call>", close_marker="</tool_call>")
 
 
-def matches(chat_template: str, vocab: Collection[str]) -> bool:
+def matches(chat_template: str, vocab: Container[str]) -> bool:
     return True
 
 

@@ -8,7 +8,7 @@ first keys read like a call (name / parameters / arguments / type); else it is p
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Container
 
 from argosy.chat.families.base import CallSyntax, ChatFamily
 
@@ -19,7 +19,7 @@ CALL_SYNTAX = CallSyntax(
 )
 
 
-def matches(chat_template: str, vocab: Collection[str]) -> bool:
+def matches(chat_template: str, vocab: Container[str]) -> bool:
     if PYTHON_TAG in chat_template or PYTHON_TAG in vocab:
         return True
     return "<|start_header_id|>" in chat_template and '"parameters"' in chat_template

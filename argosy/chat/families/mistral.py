@@ -8,7 +8,7 @@ Mistral's templates accept only 9-character alphanumeric tool-call ids, so its c
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Container
 
 from argosy.chat.families.base import CallSyntax, ChatFamily, new_alphanumeric9_call_id
 
@@ -17,7 +17,7 @@ TOOL_CALLS = "[TOOL_CALLS]"
 CALL_SYNTAX = CallSyntax(open_marker=TOOL_CALLS, is_array_allowed=True, args_marker="[ARGS]")
 
 
-def matches(chat_template: str, vocab: Collection[str]) -> bool:
+def matches(chat_template: str, vocab: Container[str]) -> bool:
     return TOOL_CALLS in chat_template or TOOL_CALLS in vocab
 
 

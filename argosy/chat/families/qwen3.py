@@ -5,7 +5,7 @@ generation prompt; the output then starts inside reasoning (ParserOptions.is_rea
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Container
 
 from argosy.chat.families.base import ChatFamily
 from argosy.chat.families.hermes import CALL_SYNTAX
@@ -14,7 +14,7 @@ THINK_START = "<think>"
 THINK_END = "</think>"
 
 
-def matches(chat_template: str, vocab: Collection[str]) -> bool:
+def matches(chat_template: str, vocab: Container[str]) -> bool:
     return THINK_START in chat_template or THINK_END in chat_template or THINK_START in vocab
 
 
