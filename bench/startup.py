@@ -54,11 +54,15 @@ def start_once(
                     raise RuntimeError(
                         f"{spec.name} exited: {(run_dir / f'{spec.name}.log').read_text()[-1500:]}"
                     )
+                # every 50 ms, refused or not: a tight loop of /health while the model loads
+                # takes CPU (and a Python server's GIL) from the start it measures
                 try:
                     if http.get(spec.health_path, timeout=2.0).status_code == 200:
                         figures["health"] = time.monotonic() - started
+                        break
                 except httpx.HTTPError:
-                    time.sleep(0.05)
+                    pass
+                time.sleep(0.05)
             body = {
                 "model": spec.request_model(model),
                 "messages": [{"role": "user", "content": "What is the capital of France?"}],
