@@ -1,4 +1,4 @@
-"""bench/fleet.py's simulation: a node's block accounting, and a small seeded fleet run."""
+"""bench/fleet_sim.py (bench/fleet.py --sim): a node's block accounting, and a small seeded fleet run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "fleet.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "fleet_sim.py"
 
 
 @pytest.fixture(scope="module")
