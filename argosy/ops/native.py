@@ -180,7 +180,7 @@ def _register_invariant_fakes() -> None:
         return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
 
     @torch.library.register_fake("argosy_iq::q8_linear")
-    def _(x, codes, scales, mins, out_features, out_float32):  # type: ignore[no-untyped-def]
+    def _(x, codes, scales, mins, out_features, out_float32, code_lo, code_hi):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
 
 

@@ -14,6 +14,7 @@ from argosy.ops.quantized_linear import (
     BlockCodes,
     CodesEmbedding,
     Int8Linear,
+    code_range,
     codes_are_exact,
     invariant_q4_layout,
     invariant_q8_layout,
@@ -69,7 +70,8 @@ def q4(x: torch.Tensor, layout: tuple[torch.Tensor, ...], n: int, out_float32: b
 
 
 def q8(x: torch.Tensor, layout: tuple[torch.Tensor, ...], n: int, out_float32: bool = True) -> torch.Tensor:
-    return torch.ops.argosy_iq.q8_linear(x, *layout, n, out_float32)
+    """q8_linear told the codes' range, as Int8Linear tells it (the AVX2 path's int16 sums)."""
+    return torch.ops.argosy_iq.q8_linear(x, *layout, n, out_float32, *code_range(layout[0]))
 
 
 @pytest.mark.parametrize(("n", "k"), [(32, 64), (48, 96), (96, 576)])
@@ -270,6 +272,47 @@ def test_block_codes_give_the_reference_bits_on_every_path_and_the_quantized_pro
             assert torch.equal(bits(q8(x[:count], layout, n)), bits(reference[:count])), (path, count)
         alone = torch.cat([q8(x[i : i + 1], layout, n) for i in range(x.shape[0])])
         assert torch.equal(bits(alone), bits(reference)), path
+
+
+@pytest.mark.parametrize("group", [32, 16])
+@pytest.mark.parametrize(
+    ("lo", "hi"), [(0, 15), (0, 16), (-16, 15), (-16, 16), (-32, 31), (-32, 32), (-33, 32)]
+)
+def test_narrow_code_ranges_give_the_reference_bits_at_their_extremes(
+    paths: list[str], group: int, lo: int, hi: int
+) -> None:
+    """Codes of a narrow range (Q4_K 0..15, Q5_0 -16..15, Q6_K -32..31: the AVX2 path sums
+    their byte products in int16, as many as the range allows) at its extremes, times rows at
+    +-127: every path gives the scalar reference's bits, at each range's edge and one past it
+    (where fewer products share an int16 sum)."""
+    n, k = 32, 256
+    gen = torch.Generator().manual_seed(hi - lo + group)
+    codes = torch.randint(lo, hi + 1, (n, k), generator=gen, dtype=torch.int8)
+    codes[: n // 4] = hi  # whole rows at each end: the largest sums
+    codes[n // 4 : n // 2] = lo
+    codes[n // 2, 0], codes[n // 2, 1] = lo, hi  # the range itself is in the codes
+    scales = torch.rand(n, k // group, generator=gen) * 0.01 + 1e-4
+    mins = -(torch.rand(n, k // 32, generator=gen) * 0.3)
+    layout = invariant_q8_layout(codes, scales, mins)
+    assert code_range(layout[0]) == (lo, hi)
+    x = rows(max(ROW_COUNTS), k, seed=hi)
+    x[0], x[1] = 1.0, -1.0  # every x code +127, then -127
+    x[2, ::2] = 50.0  # half the codes +127, the rest small
+    torch.ops.argosy_iq.set_path("scalar")
+    reference = q8(x, layout, n)
+    product = q8_0_rows(x.float()) @ block_values(BlockCodes(codes, scales, mins)).double().T
+    assert (reference.double() - product).abs().max() < 1e-5 * product.abs().max()
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        for count in ROW_COUNTS:
+            assert torch.equal(bits(q8(x[:count], layout, n)), bits(reference[:count])), (path, count)
+
+
+def test_q8_refuses_a_code_range_outside_int8() -> None:
+    codes, scales = q8_weight(16, 64, seed=3)
+    layout = invariant_q8_layout(codes, scales)
+    with pytest.raises(RuntimeError, match="code_lo and code_hi"):
+        torch.ops.argosy_iq.q8_linear(rows(2, 64, seed=1), *layout, 16, True, -128, 127)
 
 
 @pytest.mark.parametrize(("group", "with_mins"), [(32, False), (32, True), (16, False)])

@@ -233,7 +233,17 @@ struct Q8Weight {
   const S* scales;
   const S* mins;  // nullptr: none
   int64_t h;
+  int8_t bias = 0;  // AVX2: the codes + bias are 0 ... span (q8_avx2_biased_rows)
+  int64_t n16 = 0;  // AVX2: 4-byte steps an int16 sum holds at that span; 0: the sign path
 };
+
+// the codes' range [lo, hi] -> (bias, n16) for the AVX2 path: n16 * span <= 129, in 8, 4, 2 steps
+inline std::pair<int8_t, int64_t> avx2_bias(int64_t lo, int64_t hi) {
+  const int64_t span = hi - lo;
+  for (int64_t n : {8, 4, 2})
+    if (n * span <= 129) return {static_cast<int8_t>(-lo), n};
+  return {0, 0};
+}
 
 inline float scale_value(float s) { return s; }
 inline float scale_value(uint16_t s) { return half_to_float(s); }
@@ -278,25 +288,33 @@ template <int R>
 ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, const float* ux, const int32_t* sq,
                               int64_t groups,
                               const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, float* res) {
-  // res: R rows x 16 outputs
+  // res: R rows x 16 outputs. A group's 8 byte products per lane pair (codes 0..15, |x| <= 127:
+  // each pair sum within 2 * 15 * 127) are summed in int16 (8 of them: <= 30480 < 2^15), then
+  // widened once: the same integer dot as one widening per product
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i low = _mm256_set1_epi8(0x0f);
+  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = codes + g * 256;
-    __m256i dot[R][2];
-    for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+    __m256i sum16[R][2];
+    for (int r = 0; r < R; ++r) sum16[r][0] = sum16[r][1] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
+      __m256i xl[R], xh[R];
+      for (int r = 0; r < R; ++r) {
+        int32_t a, b;
+        std::memcpy(&a, xq + r * k + g * kGroup + 8 * c, 4);
+        std::memcpy(&b, xq + r * k + g * kGroup + 8 * c + 4, 4);
+        xl[r] = _mm256_set1_epi32(a);
+        xh[r] = _mm256_set1_epi32(b);
+      }
       for (int h = 0; h < 2; ++h) {
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64 + h * 32));
         const __m256i lo = _mm256_and_si256(w, low);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
         for (int r = 0; r < R; ++r) {
-          int32_t xl, xh;
-          std::memcpy(&xl, xq + r * k + g * kGroup + 8 * c, 4);
-          std::memcpy(&xh, xq + r * k + g * kGroup + 8 * c + 4, 4);
-          dot[r][h] = _mm256_add_epi32(dot[r][h], avx2_dot4(lo, _mm256_set1_epi32(xl)));
-          dot[r][h] = _mm256_add_epi32(dot[r][h], avx2_dot4(hi, _mm256_set1_epi32(xh)));
+          sum16[r][h] = _mm256_add_epi16(sum16[r][h], _mm256_maddubs_epi16(lo, xl[r]));
+          sum16[r][h] = _mm256_add_epi16(sum16[r][h], _mm256_maddubs_epi16(hi, xh[r]));
         }
       }
     }
@@ -305,8 +323,9 @@ ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
       const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + g * kTile + 8 * h)));
       const __m256 c = _mm256_fmadd_ps(_mm256_set1_ps(8.0f), d, m);
       for (int r = 0; r < R; ++r) {
+        const __m256i dot = _mm256_madd_epi16(sum16[r][h], ones);
         const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
-        const __m256i centred = _mm256_sub_epi32(dot[r][h], _mm256_set1_epi32(8 * sq[r * groups + g]));
+        const __m256i centred = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * sq[r * groups + g]));
         acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(centred), acc[r][h]);
         acc[r][h] = _mm256_fmadd_ps(c, _mm256_set1_ps(ux[r * groups + g]), acc[r][h]);
       }
@@ -361,6 +380,86 @@ ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
   }
   for (int r = 0; r < R; ++r)
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(res + r * kTile + 8 * h, acc[r][h]);
+}
+
+// Codes of a narrow range (every block format but Q8_0: Q4_K 0..15, Q5_0 -16..15, Q5_1 and
+// Q5_K 0..31, Q6_K -32..31), biased by B to unsigned u = q + B <= span: a byte product pair
+// u * x within 2 * span * 127, so N pairs (N * span <= 129) sum in int16 below 2^15 and are
+// widened once, without moving x's sign onto every code. start (per row and weight group,
+// -B times the sum of xq over it) takes the bias back out: the same integer dot as above.
+template <int R, int H, bool Mins, typename S, int N>
+ARGOSY_AVX2 void q8_avx2_biased_rows(const int8_t* xq, int64_t k, const float* dx, const float* ux,
+                                     const int32_t* start, int64_t groups, const int8_t* codes, const S* scales,
+                                     const S* mins, float* res, int8_t bias) {
+  constexpr int J = 8 / H;  // 4-byte steps of k to a weight group
+  static_assert(J % N == 0, "the int16 sums cover whole weight groups");
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i biasv = _mm256_set1_epi8(bias);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int hg = 0; hg < H; ++hg) {
+      __m256i dot[R][2];
+      for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_set1_epi32(start[(r * groups + g) * H + hg]);
+      const int64_t j0 = 8 * g + J * hg;
+      for (int jb = 0; jb < J; jb += N) {
+        __m256i sum16[R][2];
+        for (int r = 0; r < R; ++r) sum16[r][0] = sum16[r][1] = _mm256_setzero_si256();
+        for (int jj = 0; jj < N; ++jj) {
+          const int64_t j = j0 + jb + jj;
+          __m256i xs[R];
+          for (int r = 0; r < R; ++r) {
+            int32_t xv;
+            std::memcpy(&xv, xq + r * k + 4 * j, 4);
+            xs[r] = _mm256_set1_epi32(xv);
+          }
+          for (int h = 0; h < 2; ++h) {
+            const __m256i w =
+                _mm256_add_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64 + h * 32)), biasv);
+            for (int r = 0; r < R; ++r) sum16[r][h] = _mm256_add_epi16(sum16[r][h], _mm256_maddubs_epi16(w, xs[r]));
+          }
+        }
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(sum16[r][h], ones));
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256 d = load8_scales(scales + (g * H + hg) * kTile + 8 * h);
+        for (int r = 0; r < R; ++r) {
+          const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+          acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[r][h]), acc[r][h]);
+        }
+      }
+    }
+    if constexpr (Mins) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256 m = load8_scales(mins + g * kTile + 8 * h);
+        for (int r = 0; r < R; ++r) acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(ux[r * groups + g]), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(res + r * kTile + 8 * h, acc[r][h]);
+}
+
+// the AVX2 rows of one weight form: the biased int16 sums where the codes' range allows (n: the
+// 4-byte steps an int16 sum may hold, 0 for none), else x's sign moved onto the codes
+template <int R, int H, bool Mins, typename S>
+ARGOSY_AVX2 void q8_avx2_any(int n, int8_t bias, const int8_t* xq, int64_t k, const float* dx, const float* ux,
+                             const int32_t* start, int64_t groups, const int8_t* codes, const S* scales,
+                             const S* mins, float* res) {
+  if constexpr (R == 4) {  // two rows at a time: their int16 and int32 sums stay in registers
+    q8_avx2_any<2, H, Mins, S>(n, bias, xq, k, dx, ux, start, groups, codes, scales, mins, res);
+    q8_avx2_any<2, H, Mins, S>(n, bias, xq + 2 * k, k, dx + 2 * groups, ux + 2 * groups,
+                               start == nullptr ? nullptr : start + 2 * groups * H, groups, codes, scales, mins,
+                               res + 2 * kTile);
+    return;
+  }
+  if constexpr (H == 1) {
+    if (n >= 8) return q8_avx2_biased_rows<R, H, Mins, S, 8>(xq, k, dx, ux, start, groups, codes, scales, mins, res, bias);
+  }
+  if (n >= 4) return q8_avx2_biased_rows<R, H, Mins, S, 4>(xq, k, dx, ux, start, groups, codes, scales, mins, res, bias);
+  if (n >= 2) return q8_avx2_biased_rows<R, H, Mins, S, 2>(xq, k, dx, ux, start, groups, codes, scales, mins, res, bias);
+  q8_avx2_rows<R, H, Mins, S>(xq, k, dx, ux, groups, codes, scales, mins, res);
 }
 
 // -- AVX-512 VNNI: 16 outputs a vector ---------------------------------------------------------
@@ -694,6 +793,7 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
 template <int H, bool Mins, typename S>
 void q8_vector(const QuantizedRows& xr, const std::vector<int32_t>& start, int64_t rows, int64_t groups,
                int64_t tiles, int64_t path, const Q8Weight<S>& wt, const Output& o) {
+  const int n16 = static_cast<int>(wt.n16);
   const int64_t k = groups * kGroup;
   const int64_t tiles_per_block = (path >= kAvx512 && tiles % 2 == 0) ? 2 : 1;
   for_tile_blocks(tiles, tiles_per_block, [&](int64_t t0, int64_t t1) {
@@ -731,7 +831,8 @@ void q8_vector(const QuantizedRows& xr, const std::vector<int32_t>& start, int64
         else
           q8_avx512_block<R, 1, H, Mins, S>(xq, k, dx, ux, st, groups, c, s, m, res, r0 == 0);
       } else {
-        q8_avx2_rows<R, H, Mins, S>(xq, k, dx, ux, groups, c, s, m, res);
+        const int32_t* st = start.empty() ? nullptr : start.data() + r0 * groups * H;
+        q8_avx2_any<R, H, Mins, S>(n16, wt.bias, xq, k, dx, ux, st, groups, c, s, m, res);
       }
       for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
     });
@@ -747,17 +848,20 @@ void q8_run(const LinearCall& call, int64_t groups, int64_t tiles, const Q8Weigh
     for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { q8_scalar(xr, rows, groups, wt, t0, t1, o); });
     return;
   }
+  // the integer sums' starting values, per row and weight group: -(the codes' bias) times the
+  // sum of xq over the group (AVX-512: the codes + 128; AVX2: + wt.bias where the range allows)
   std::vector<int32_t> start;
-  if (path >= kAvx512) {
+  const int32_t bias = path >= kAvx512 ? 128 : wt.n16 > 0 ? wt.bias : 0;
+  if (path >= kAvx512 || wt.n16 > 0) {
     start.resize(static_cast<size_t>(rows * groups * h));
     if (h == 1) {
-      for (size_t i = 0; i < start.size(); ++i) start[i] = -128 * xr.sq[i];
+      for (size_t i = 0; i < start.size(); ++i) start[i] = -bias * xr.sq[i];
     } else {
       for (int64_t i = 0; i < rows * groups * h; ++i) {
         const int8_t* q = xr.q.data() + i * (kGroup / h);  // rows are contiguous: [r, g, h] is i
         int32_t sum = 0;
         for (int64_t b = 0; b < kGroup / h; ++b) sum += q[b];
-        start[static_cast<size_t>(i)] = -128 * sum;
+        start[static_cast<size_t>(i)] = -bias * sum;
       }
     }
   }
@@ -773,7 +877,8 @@ void q8_run(const LinearCall& call, int64_t groups, int64_t tiles, const Q8Weigh
 }
 
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                     const std::optional<at::Tensor>& mins, int64_t out_features, bool out_float32) {
+                     const std::optional<at::Tensor>& mins, int64_t out_features, bool out_float32, int64_t code_lo,
+                     int64_t code_hi) {
   TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 4 &&
                   codes.is_contiguous(),
               "q8_linear: codes must be contiguous int8 [N/16, K/4, 16, 4]");
@@ -793,15 +898,19 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
     TORCH_CHECK(mins->scalar_type() == scales.scalar_type() && mins->is_contiguous() && mins->dim() == 3 &&
                     mins->size(0) == tiles && mins->size(1) == groups && mins->size(2) == kTile,
                 "q8_linear: mins must be contiguous [N/16, K/32, 16], of the scales' dtype");
+  TORCH_CHECK(-127 <= code_lo && code_lo <= code_hi && code_hi <= 127,
+              "q8_linear: code_lo and code_hi must bound the codes within [-127, 127]");
   const LinearCall call(x, k, groups, out_features, out_float32, "q8_linear");
   if (call.rows == 0) return call.out;
+  const auto [bias, n16] = avx2_bias(code_lo, code_hi);
   if (half) {
     const auto* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
     const auto* mp = has_mins ? reinterpret_cast<const uint16_t*>(mins->data_ptr<at::Half>()) : nullptr;
-    q8_run<uint16_t>(call, groups, tiles, Q8Weight<uint16_t>{codes.data_ptr<int8_t>(), sp, mp, h});
+    q8_run<uint16_t>(call, groups, tiles, Q8Weight<uint16_t>{codes.data_ptr<int8_t>(), sp, mp, h, bias, n16});
   } else {
     const float* mp = has_mins ? mins->data_ptr<float>() : nullptr;
-    q8_run<float>(call, groups, tiles, Q8Weight<float>{codes.data_ptr<int8_t>(), scales.data_ptr<float>(), mp, h});
+    q8_run<float>(call, groups, tiles,
+                  Q8Weight<float>{codes.data_ptr<int8_t>(), scales.data_ptr<float>(), mp, h, bias, n16});
   }
   return call.out;
 }
@@ -839,7 +948,7 @@ TORCH_LIBRARY(argosy_iq, m) {
   m.def("q4_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int out_features, bool out_float32) -> Tensor");
   m.def(
       "q8_linear(Tensor x, Tensor codes, Tensor scales, Tensor? mins, int out_features, "
-      "bool out_float32) -> Tensor");
+      "bool out_float32, int code_lo, int code_hi) -> Tensor");
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
       "Tensor block_ids, Tensor mask, int block_size) -> Tensor");
