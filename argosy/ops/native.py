@@ -13,6 +13,7 @@ once at start-up) disables them.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
 import shutil
@@ -26,9 +27,8 @@ from argosy.progress import StatusLine
 
 log = logging.getLogger("argosy.runner")
 
-_SOURCES = [
-    Path(__file__).parent / "csrc" / name for name in ("paged_decode.cpp", "packed_linear.cpp", "qlinear.cpp")
-]
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = [_CSRC / name for name in ("paged_decode.cpp", "packed_linear.cpp", "qlinear.cpp")]
 _state: dict[str, bool] = {}
 _enabled = [True]
 
@@ -61,6 +61,15 @@ def compiler_hint() -> str:
         "(Debian/Ubuntu: apt-get install g++; Fedora: dnf install gcc-c++; macOS: xcode-select --install) "
         "and start again"
     )
+
+
+def native_sources_digest(directory: Path = _CSRC) -> str:
+    """A digest of every native source file (both libraries): what a compiled graph calling
+    these ops was built against."""
+    digest = hashlib.sha256()
+    for source in sorted(directory.iterdir()):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return "argosy-native-" + digest.hexdigest()[:16]
 
 
 def _build(name: str, sources: list[Path], cflags: list[str], directory: Path) -> Exception | None:

@@ -38,7 +38,7 @@ from torch import nn
 from argosy.models.llama import DecoderForCausalLM, DecoderLayer, cast_for_cache
 from argosy.ops.attention import grouped_decode_attention, window_mask
 from argosy.ops.memory import release_free_memory
-from argosy.ops.native import compiler_hint, load_native_ops
+from argosy.ops.native import compiler_hint, load_native_ops, native_sources_digest
 from argosy.progress import StatusLine
 
 log = logging.getLogger("argosy.runner")
@@ -180,6 +180,11 @@ class CompiledDecoder:
         self.native = load_native_ops() if native is None else native
         self.graph = DecodeGraph(model, block_size, self.native, invariant).eval()
         _import_compiler()
+        # torch's compile caches (inductor's, AOTAutograd's) key a graph by its own code, not by
+        # the native ops it calls: after our ops' sources change (a new argument), a cached
+        # graph still calls them the old way and the compile fails. Their sources' digest in
+        # every key keeps one build's graphs apart from another's
+        torch.compiler.config.cache_key_tag = native_sources_digest()
         # compile in this process: a pool of compile workers would add ~1 GB to the server's
         # peak memory for a one-off start-up cost
         torch._inductor.config.compile_threads = 1

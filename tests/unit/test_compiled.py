@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import gc
 import itertools
+import shutil
 import time
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,6 +106,26 @@ def test_the_background_compile_waits_until_the_engine_is_quiet(
     unfinished, quiet_for = seen[0]
     assert not unfinished and quiet_for >= COMPILE_AFTER_QUIET_S
     assert engine.stats().compile_status == "failed"  # what the stand-in said
+
+
+def test_compiled_graphs_are_cached_under_the_native_sources_digest(
+    tiny_llama: TinyModel, tmp_path: Path
+) -> None:
+    """torch's compile caches key a graph by its own code, not by the native ops it calls: a
+    graph cached before those ops changed would call them the old way. The digest of their
+    sources goes into every key, and a changed source changes it."""
+    from argosy.ops import native
+    from argosy.runner.compiled import CompiledDecoder
+
+    engine = tiny_llama.engine()
+    CompiledDecoder(engine.model, block_size=16)
+    digest = native.native_sources_digest()
+    assert torch.compiler.config.cache_key_tag == digest and digest.startswith("argosy-native-")
+    copy = shutil.copytree(native._CSRC, tmp_path / "csrc")
+    assert native.native_sources_digest(copy) == digest
+    source = copy / "iq_linear.cpp"
+    source.write_text(source.read_text() + "\n")
+    assert native.native_sources_digest(copy) != digest
 
 
 def test_a_background_compile_stops_when_the_engine_closes(tiny_llama: TinyModel) -> None:
