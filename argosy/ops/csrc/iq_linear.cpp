@@ -342,6 +342,28 @@ ARGOSY_AVX2 inline __m256 load8_scales(const uint16_t* p) {  // exact
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// step 3 of a weight group, R rows x 16 outputs: acc += (s * dx) * float(dot), s its 16 scales
+template <int R, typename S>
+ARGOSY_AVX2 inline void avx2_add_dots(__m256 (&acc)[R][2], const __m256i (&dot)[R][2], const S* scales,
+                                      const float* dx, int64_t groups, int64_t g) {
+  for (int h = 0; h < 2; ++h) {
+    const __m256 d = load8_scales(scales + 8 * h);
+    for (int r = 0; r < R; ++r) {
+      const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+      acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[r][h]), acc[r][h]);
+    }
+  }
+}
+
+// and, where the format has them, acc += m * ux per group of 32, m its 16 minimums
+template <int R, typename S>
+ARGOSY_AVX2 inline void avx2_add_mins(__m256 (&acc)[R][2], const S* mins, const float* ux, int64_t groups, int64_t g) {
+  for (int h = 0; h < 2; ++h) {
+    const __m256 m = load8_scales(mins + 8 * h);
+    for (int r = 0; r < R; ++r) acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(ux[r * groups + g]), acc[r][h]);
+  }
+}
+
 template <int R, int H, bool Mins, typename S>
 ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, const float* ux, int64_t groups,
                               const int8_t* codes, const S* scales, const S* mins, float* res) {
@@ -363,20 +385,9 @@ ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
           }
         }
       }
-      for (int h = 0; h < 2; ++h) {
-        const __m256 d = load8_scales(scales + (g * H + hg) * kTile + 8 * h);
-        for (int r = 0; r < R; ++r) {
-          const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
-          acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[r][h]), acc[r][h]);
-        }
-      }
+      avx2_add_dots<R>(acc, dot, scales + (g * H + hg) * kTile, dx, groups, g);
     }
-    if constexpr (Mins) {
-      for (int h = 0; h < 2; ++h) {
-        const __m256 m = load8_scales(mins + g * kTile + 8 * h);
-        for (int r = 0; r < R; ++r) acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(ux[r * groups + g]), acc[r][h]);
-      }
-    }
+    if constexpr (Mins) avx2_add_mins<R>(acc, mins + g * kTile, ux, groups, g);
   }
   for (int r = 0; r < R; ++r)
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(res + r * kTile + 8 * h, acc[r][h]);
@@ -422,20 +433,9 @@ ARGOSY_AVX2 void q8_avx2_biased_rows(const int8_t* xq, int64_t k, const float* d
         for (int r = 0; r < R; ++r)
           for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(sum16[r][h], ones));
       }
-      for (int h = 0; h < 2; ++h) {
-        const __m256 d = load8_scales(scales + (g * H + hg) * kTile + 8 * h);
-        for (int r = 0; r < R; ++r) {
-          const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
-          acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[r][h]), acc[r][h]);
-        }
-      }
+      avx2_add_dots<R>(acc, dot, scales + (g * H + hg) * kTile, dx, groups, g);
     }
-    if constexpr (Mins) {
-      for (int h = 0; h < 2; ++h) {
-        const __m256 m = load8_scales(mins + g * kTile + 8 * h);
-        for (int r = 0; r < R; ++r) acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(ux[r * groups + g]), acc[r][h]);
-      }
-    }
+    if constexpr (Mins) avx2_add_mins<R>(acc, mins + g * kTile, ux, groups, g);
   }
   for (int r = 0; r < R; ++r)
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(res + r * kTile + 8 * h, acc[r][h]);
