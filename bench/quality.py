@@ -80,15 +80,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))
+sys.path.insert(0, str(BENCH_DIR))
 
 import torch  # noqa: E402
+from quality_scores import Scores, score_llama_server  # noqa: E402
 
 MODEL = "smollm2"
 TOPICS = ("execmodel", "objects", "truth", "types")  # prose entries of pydoc_data.topics, sorted
@@ -106,19 +108,6 @@ class Reference:
     logprobs: torch.Tensor  # [N, vocab] float32, full log-softmax at each position
     targets: torch.Tensor  # [N] the true next token at each position
     seconds: float
-
-
-@dataclass
-class Scores:
-    """One system's output at each position: the true next token's logprob, its top-K tokens
-    (best first), and the exact KL where the full distribution was seen."""
-
-    name: str
-    true_logprob: list[float]
-    top: list[list[tuple[int, float]]]
-    exact_kl: list[float] | None = None
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
 
 def text_tokens(count: int) -> list[int]:
@@ -258,68 +247,6 @@ def score_argosy(
     scores.exact_kl = probe.exact_kl
     del engine
     gc.collect()
-    return scores
-
-
-# --- llama-server -----------------------------------------------------------------------------
-
-
-def score_llama_server(tokens: list[int], windows: list[tuple[int, int]], top_k: int, threads: int) -> Scores:
-    import httpx
-    import peer_builds
-    import peers
-
-    build = peer_builds.BUILDS["llama-server"]
-    record = peer_builds.build(build)  # a no-op when its marker says this spec is built
-    files = peers.load_model_files(MODEL)
-    ctx = peers.LaunchContext(
-        model=files, threads=threads, port=peers.free_port(), slots=1, run_dir=peer_builds.PEERS_DIR / "run"
-    )
-    server = peers.RunningServer(peers.SERVERS["llama-server"], ctx)
-    scores = Scores("llama-server", [], [])
-    scores.notes.append(
-        f"{' '.join(build.requirements)} built {record.finished_at}: {' '.join(server.command)}"
-    )
-    evaluated = checked = 0
-    started = time.perf_counter()
-    try:
-        with httpx.Client(base_url=server.base_url, timeout=120.0) as client:
-            for start, stop in windows:
-                for i in range(start, stop):
-                    target = tokens[i + 1]
-                    body = {
-                        "prompt": tokens[start : i + 1],
-                        "n_predict": 1,
-                        "n_probs": top_k,
-                        "cache_prompt": True,
-                        "temperature": 0.0,
-                        "post_sampling_probs": False,
-                        "logit_bias": [[target, 100.0]],
-                    }
-                    response = client.post("/completion", json=body)
-                    response.raise_for_status()
-                    reply = response.json()
-                    evaluated += int(reply["timings"]["prompt_n"])
-                    probs = reply["completion_probabilities"][0]
-                    if probs["id"] != target:
-                        raise RuntimeError(f"llama-server sampled {probs['id']}, not the biased {target}")
-                    top = [(int(e["id"]), float(e["logprob"])) for e in probs["top_logprobs"]]
-                    in_top = dict(top).get(target)
-                    if in_top is not None:
-                        if in_top != probs["logprob"]:
-                            raise RuntimeError(
-                                f"llama-server: {target}'s logprob {probs['logprob']} vs {in_top}"
-                            )
-                        checked += 1
-                    scores.true_logprob.append(float(probs["logprob"]))
-                    scores.top.append(top)
-    finally:
-        server.stop()
-    scores.seconds = time.perf_counter() - started
-    scores.notes.append(
-        f"{evaluated} prompt tokens evaluated for {len(scores.top)} requests (prompt cache); the true "
-        f"token's logprob equals its top-{top_k} entry at all {checked} positions where it is in it"
-    )
     return scores
 
 
@@ -474,7 +401,7 @@ def main() -> None:
         if name in ARGOSY_SYSTEMS:
             scores = score_argosy(name, tokens, windows, reference, args.top_k)
         else:
-            scores = score_llama_server(tokens, windows, args.top_k, args.server_threads)
+            scores = score_llama_server(MODEL, tokens, windows, args.top_k, args.server_threads)
         results[name] = figures(scores, reference, args.top_k)
         per_position[name] = scores.true_logprob
         notes[name] = scores.notes
