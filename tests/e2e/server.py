@@ -71,6 +71,7 @@ class ServerProcess:
     quantization: str | None = "none"
     compile: str | None = "off"
     extra_flags: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # set (over this process's) for the server
     command: str = "serve"  # or "fleet" (tests/fleet: inside a loopback-only network namespace)
     # a cold machine builds the native ops and converts the GGUF first (minutes on a slow one)
     startup_timeout_s: float = 600.0
@@ -108,7 +109,7 @@ class ServerProcess:
             self._owned_data_dir = self.data_dir
         handle, name = tempfile.mkstemp(prefix="argosy-server-", suffix=".log")
         self.log_path = Path(name)
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **self.env}
         with os.fdopen(handle, "wb") as log_file:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "argosy", self.command, *self.flags()],
