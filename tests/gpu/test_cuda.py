@@ -125,21 +125,48 @@ def test_paged_attention_matches_dense_attention() -> None:
         assert (out[row].double() - expected).abs().max() < 2e-2, row
 
 
-def test_logits_match_transformers_on_the_same_weights() -> None:
+def _reference_logprobs(
+    folder: Path, prompts_: list[list[int]], weights: dict[str, torch.Tensor] | None = None
+) -> list[torch.Tensor]:
+    """transformers in float32 on the GPU: the reference every dtype is judged against (a bf16
+    transformers is itself 0.09-0.15 off it in logprob on these random 30-layer weights, H200,
+    2026-12-04)."""
     from transformers import AutoModelForCausalLM
 
-    reference = AutoModelForCausalLM.from_pretrained(model_folder(), dtype=torch.bfloat16).cuda().eval()
-    llm = engine()
-    for prompt in prompts(3, seed=2, low=20, high=120):
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    if weights is not None:
+        with torch.no_grad():
+            params = dict(reference.named_parameters())
+            for name, values in weights.items():
+                params[name].copy_(values.to(torch.float32))
+    reference = reference.cuda()
+    out = []
+    for prompt in prompts_:
         with torch.inference_mode():
             logits = reference(torch.tensor([prompt], device="cuda")).logits[0, -1].float()
-        expected = torch.log_softmax(logits, -1).cpu()
-        tokens, logprobs = generate(llm, [prompt], max_tokens=1)[0]
-        top = dict(logprobs[0][1])
-        # the same top token (or a near-tie with it), and each top-5 logprob within bf16 rounding
-        assert expected[tokens[0]] >= expected.max() - 0.05
-        for token, logprob in top.items():
-            assert abs(logprob - expected[token].item()) < 0.1, token
+        out.append(torch.log_softmax(logits, -1).cpu())
+    return out
+
+
+def _assert_close(result: Result, expected: torch.Tensor, tie: float, tolerance: float) -> None:
+    tokens, logprobs = result
+    # the reference's top token (or a near-tie with it), and each top-5 logprob within tolerance
+    assert expected[tokens[0]] >= expected.max() - tie
+    for token, logprob in logprobs[0][1]:
+        assert abs(logprob - expected[token].item()) < tolerance, token
+
+
+def test_logits_match_transformers_on_the_same_weights() -> None:
+    batch = prompts(3, seed=2, low=20, high=120)
+    expected = _reference_logprobs(model_folder(), batch)
+    # float32: the same computation, to float32's rounding (measured: 0.0000 on the H200)
+    exact = generate(engine(dtype="float32"), batch, max_tokens=1)
+    for result, reference in zip(exact, expected, strict=True):
+        _assert_close(result, reference, tie=1e-4, tolerance=1e-3)
+    # bfloat16: within bf16's rounding of a 30-layer model (measured: 0.07-0.16; transformers'
+    # own bf16 0.09-0.10 on the same prompts)
+    for result, reference in zip(generate(engine(), batch, max_tokens=1), expected, strict=True):
+        _assert_close(result, reference, tie=0.1, tolerance=0.3)
 
 
 def test_a_request_is_the_same_solo_in_a_batch_of_64_chunked_and_cached() -> None:
@@ -167,10 +194,9 @@ def test_cuda_graph_decode_gives_the_eager_tokens_and_logprobs() -> None:
 
 def test_q4_blocks_stay_four_bit_and_match_their_dequantized_weights(tmp_path: Path) -> None:
     """The model's projections as Q4_1 blocks (what a GGUF's Q4 converts to): served 4-bit,
-    and the logprobs those of transformers holding the same blocks' values in bfloat16."""
+    and the logprobs those of transformers holding the same blocks' values (float32), within
+    bf16's rounding."""
     import shutil
-
-    from transformers import AutoModelForCausalLM
 
     from argosy.ops.gpu_layers import TritonQ4Linear
     from bench.gpu_models import write_q4_blocks
@@ -181,17 +207,6 @@ def test_q4_blocks_stay_four_bit_and_match_their_dequantized_weights(tmp_path: P
     llm = engine(model=str(folder), quantization="auto")
     assert sum(isinstance(m, TritonQ4Linear) for m in llm.model.modules()) == 4 * 30
     assert "int4 (GGUF Q4 blocks)" in llm.weights
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
-    with torch.no_grad():
-        params = dict(reference.named_parameters())
-        for name, values in dequantized.items():
-            params[name].copy_(values.to(torch.bfloat16))
-    reference = reference.cuda()
     prompt = prompts(1, seed=6, low=40, high=41)[0]
-    with torch.inference_mode():
-        logits = reference(torch.tensor([prompt], device="cuda")).logits[0, -1].float()
-    expected = torch.log_softmax(logits, -1).cpu()
-    tokens, logprobs = generate(llm, [prompt], max_tokens=1)[0]
-    assert expected[tokens[0]] >= expected.max() - 0.05
-    for token, logprob in logprobs[0][1]:
-        assert abs(logprob - expected[token].item()) < 0.1, token
+    expected = _reference_logprobs(folder, [prompt], dequantized)[0]
+    _assert_close(generate(llm, [prompt], max_tokens=1)[0], expected, tie=0.1, tolerance=0.3)
