@@ -40,6 +40,7 @@ REPO_ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(BENCH_DIR))
 
+import bandwidth  # noqa: E402
 import peer_builds  # noqa: E402
 import peers  # noqa: E402
 from workloads import Client, PromptTokenCounter, WorkloadError, WorkloadRunner, Workloads  # noqa: E402
@@ -421,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         source = Path(args.model) if args.model.endswith(".gguf") else Path(MODEL_REGISTRY[args.model]())
         args.model = str(peer_builds.requantize(source, args.requantize))
     model = peers.load_model_files(args.model)
+    ceiling = bandwidth.measure(model.gguf_path, args.threads)  # before any server runs
+    print(f"[bench] {ceiling.line()}", flush=True)
     runner = WorkloadRunner(workloads, PromptTokenCounter(str(model.hf_dir)))
     for spec in specs:
         result = results[spec.name]
@@ -449,6 +452,14 @@ def main(argv: list[str] | None = None) -> int:
         f"(> 1 wins on ↑ rows, < 1 wins on ↓ rows). Total run {(time.monotonic() - started) / 60:.1f} min.",
         "",
     ]
+    footer.append(f"Bandwidth ceiling: {ceiling.line()}.")
+    fractions = [
+        f"{peers.SERVERS[name].label} {ceiling.fraction(statistics.median(result.figures['decode_tok_s'])):.0%}"
+        for name, result in results.items()
+        if not result.is_skipped and result.figures.get("decode_tok_s")
+    ]
+    if fractions:
+        footer += [f"Single stream as a fraction of that ceiling: {', '.join(fractions)}.", ""]
     for name, result in results.items():
         spec = peers.SERVERS[name]
         notes = ([spec.note] if spec.note else []) + result.notes

@@ -1,6 +1,6 @@
 """Soak test: minutes of mixed traffic at a steady concurrency against a real `argosy serve`.
 
-    python bench/soak.py                                   # default mode (int4, compiled), 30 min
+    python bench/soak.py                                   # the 0.5B, default mode (compiled), 30 min
     python bench/soak.py --mode eager --minutes 1 --concurrency 4
     python bench/soak.py --url http://127.0.0.1:8000 --pid 1234 --minutes 60
 
@@ -48,7 +48,7 @@ from proc_stats import process_tree, status_kib  # noqa: E402
 from soak_traffic import CLASSES, EXPECTED_CLASSES, MIX, Failure, Outcome, Scenarios, turn_text  # noqa: E402
 from workloads import percentile  # noqa: E402
 
-from tests.e2e.server import ServerProcess  # noqa: E402
+from tests.e2e.server import ServerProcess, wait_compiled  # noqa: E402
 
 
 class Soak:
@@ -262,7 +262,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--url", help="soak a running server (default: start one)")
     parser.add_argument("--pid", type=int, help="with --url: the server's pid (default: the port's listener)")
     parser.add_argument("--model-id", help="model id to request (default: the server's first)")
-    parser.add_argument("--model", default="smollm2", help="the model the started server serves")
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b", help="the model the started server serves")
     parser.add_argument(
         "--mode",
         choices=("default", "eager"),
@@ -306,6 +306,11 @@ def main() -> int:
             if parsed.hostname in ("127.0.0.1", "localhost", "0.0.0.0"):
                 pid = pid_listening_on(parsed.port or 80)
         model = args.model_id or httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+        if server is not None and args.mode == "default":
+            # the background compile's memory is start-up, not growth: traffic starts once it ended
+            waited = time.monotonic()
+            compiled = wait_compiled(url, model)["compile"]
+            print(f"soak compile {compiled} after {time.monotonic() - waited:.0f} s more", flush=True)
         print(
             f"soak config url {url} model {model} pid {pid} minutes {args.minutes} "
             f"concurrency {args.concurrency} seed {args.seed}",

@@ -259,6 +259,49 @@ class Scenarios:
                 if index + 1 >= wanted:
                     break  # leaving the block closes the connection mid-stream
 
+    def tools_auto(self, http: httpx.Client) -> None:
+        """tool_choice auto: the model may call or answer; a call it makes must be well-formed."""
+        question = self.rng.choice((f"What is the weather in {self.rng.choice(CITIES)}?", self.prompt()))
+        body = self.chat_body(messages=[{"role": "user", "content": question}], tools=TOOLS, max_tokens=64)
+        choice = post_json(http, CHAT, body)["choices"][0]
+        check_choice(choice)
+        for call in choice["message"].get("tool_calls") or []:
+            name = call.get("function", {}).get("name")
+            require(name in TOOL_SCHEMAS, f"auto: unknown tool {name!r}")
+            try:
+                jsonschema.validate(json.loads(call["function"]["arguments"]), TOOL_SCHEMAS[name])
+            except (ValueError, jsonschema.ValidationError) as error:
+                raise Failure("bad_response", f"auto {name} arguments: {str(error)[:120]}") from error
+
+    def anthropic(self, http: httpx.Client) -> None:
+        body = {
+            "model": self.model,
+            "max_tokens": self.rng.choice((16, 32)),
+            "messages": [{"role": "user", "content": self.prompt()}],
+            "temperature": 0.7,
+        }
+        answer = post_json(http, "/v1/messages", body)
+        require(answer.get("type") == "message", f"anthropic type {answer.get('type')!r}")
+        require(
+            answer.get("stop_reason") in ("end_turn", "max_tokens"),
+            f"stop_reason {answer.get('stop_reason')!r}",
+        )
+        require(answer.get("usage", {}).get("output_tokens", 0) > 0, "anthropic usage without output tokens")
+
+    def ollama_chat(self, http: httpx.Client) -> None:
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": self.prompt()}],
+            "stream": self.rng.random() < 0.5,
+            "options": {"num_predict": 24, "temperature": 0.7, "seed": self.rng.randrange(1 << 30)},
+        }
+        with http.stream("POST", "/api/chat", json=body) as response:
+            check_status(response)
+            lines = [json.loads(line) for line in response.iter_lines() if line.strip()]
+        require(bool(lines) and lines[-1].get("done") is True, "ollama stream without a done line")
+        require(not any("error" in line for line in lines), "an error line in an ollama stream")
+        require(lines[-1].get("eval_count", 0) > 0, "ollama done line without eval_count")
+
     def bad(self, http: httpx.Client) -> None:
         body = {"model": self.model, **self.rng.choice(BAD_BODIES)}
         check_status(http.post(CHAT, json=body), expect_400=True)
@@ -268,6 +311,9 @@ MIX: tuple[tuple[str, int], ...] = (
     ("chat", 2),
     ("chat_stream", 2),
     ("tools", 1),
+    ("tools_auto", 1),
+    ("anthropic", 1),
+    ("ollama_chat", 1),
     ("json_schema", 1),
     ("n2", 1),
     ("completions", 1),
