@@ -17,6 +17,7 @@ class Mode(IntEnum):  # IntEnum: hashed in C, looked up per step
     AFTER_OBJECT = 5  # a call's JSON closed: separators, closing marker
     JUNK = 6  # text after a complete call, before its closing marker
     FAILED = 7  # a call that broke: its text runs to a marker or the end
+    BARE = 8  # markerless JSON at the answer's start, held until judged (bare_call.py)
 
 
 class Disposition(Enum):

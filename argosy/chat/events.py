@@ -137,6 +137,12 @@ class ToolParseFailure:
     call_index: int | None = None
     is_unterminated: bool = False
 
+    @property
+    def is_call_left_as_text(self) -> bool:
+        """A call attempt that came back as content (an undeclared tool, arguments that fail
+        the schema, broken JSON...): the answer names it degraded, `tool_call_unparsed`."""
+        return self.call_index is None and self.reason not in ("extra_call", "unexpected_text")
+
 
 ChannelEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta | ToolCallEnd | ToolParseFailure
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from argosy.chat.bare_call import STARTS, BareCallReader
 from argosy.chat.call_unit import Disposition, Mode, Unit
 from argosy.chat.event_runs import EventRuns
 from argosy.chat.events import ChannelEvent, ToolCallEnd, ToolCallStart, ToolParseFailure
@@ -56,6 +57,9 @@ class FamilyChannelParser:
         self._reasoning_markers = family.reasoning_markers if options.has_reasoning else None
         self._is_calling = options.has_tool_calls
         self._is_forced = options.has_tool_calls and options.is_call_forced
+        is_bare_checked = self._is_calling and not self._is_forced and self._syntax.is_bare_json_checked
+        self._bare_check = options.bare_calls if is_bare_checked else None
+        self._bare: BareCallReader | None = None
         opener, closer = self._syntax.open_marker, self._syntax.close_marker
         self._open_markers = (opener,) if opener and self._is_calling else ()
         self._resync_markers = tuple(marker for marker in (closer, opener) if marker)
@@ -82,6 +86,7 @@ class FamilyChannelParser:
             Mode.AFTER_OBJECT: self._step_after_object,
             Mode.JUNK: self._step_junk,
             Mode.FAILED: self._step_failed,
+            Mode.BARE: self._step_bare,
         }
 
     def feed(self, delta: str) -> list[ChannelEvent]:
@@ -136,6 +141,9 @@ class FamilyChannelParser:
                     return False
                 if not (opener and buf.startswith(opener)):
                     self._open_region("", is_candidate=False)
+            elif self._bare_check is not None and buf[0] in STARTS:
+                self._bare = BareCallReader(self._syntax, self._bare_check)
+                self._mode = Mode.BARE
             elif self._is_calling and self._syntax.is_bare_json_at_start and buf[0] == "{":
                 self._open_region("", is_candidate=True)
             return True
@@ -149,6 +157,29 @@ class FamilyChannelParser:
         self._push_text(buf[: len(buf) - keep])
         self._buf = buf[len(buf) - keep :]
         return False
+
+    def _step_bare(self) -> bool:
+        """Markerless JSON at the answer's start (bare_call.py): held until it is decided."""
+        assert self._bare is not None
+        outcome = self._bare.read(self._buf, is_final=self._is_final)
+        self._buf = ""
+        if outcome is None:
+            return False
+        self._bare, self._mode, self._buf = None, Mode.TEXT, outcome.rest
+        if outcome.calls is None:
+            self._push_text(outcome.text)
+            if outcome.failure is not None:
+                self._emit(ToolParseFailure(self._choice_index, outcome.text, outcome.failure))
+        for bare_call in outcome.calls or ():
+            if self._num_calls and not self._options.can_call_in_parallel:
+                self._emit(ToolParseFailure(self._choice_index, bare_call.raw, _EXTRA_CALL))
+                continue
+            call_index, self._num_calls = self._num_calls, self._num_calls + 1
+            self._emit(ToolCallStart(self._choice_index, call_index, self._new_call_id(), bare_call.name))
+            self._emit_delta(call_index, bare_call.arguments)
+            self._emit(ToolCallEnd(self._choice_index, call_index))
+            self._text.touch_marker()
+        return True
 
     def _step_reasoning(self) -> bool:
         assert self._reasoning_markers is not None
@@ -304,6 +335,9 @@ class FamilyChannelParser:
         return True
 
     def _finish_mode(self) -> None:
+        if self._mode is Mode.BARE:  # fed nothing more: decide on what was held
+            self._step_bare()
+            self._run()
         unit = self._unit
         if unit is not None:
             is_inside_call = self._mode in (Mode.REGION, Mode.OBJECT, Mode.NAME)

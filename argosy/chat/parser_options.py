@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from argosy.chat.call_check import BareCallCheck
 from argosy.chat.events import ChannelEvent
 
 
@@ -23,6 +24,9 @@ class ParserOptions:
     request's parallel_tool_calls. `is_reasoning_open`: the prompt already opened the reasoning
     block (see `prompt_opens_reasoning`). `is_call_forced`: a grammar forces calls (tool_choice
     "required" or named), so bare JSON at the start of the output is calls too.
+    `bare_calls`: markerless calls at the start of the answer are recognised (for families
+    whose syntax says `is_bare_json_checked`) when they pass this check (argosy/chat/
+    call_check.py); None: they are text (tool_choice "none", a response_format, a forced call).
     """
 
     has_reasoning: bool = True
@@ -31,3 +35,4 @@ class ParserOptions:
     can_call_in_parallel: bool = True
     is_reasoning_open: bool = False
     is_call_forced: bool = False
+    bare_calls: BareCallCheck | None = field(default=None, hash=False)

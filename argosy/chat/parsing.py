@@ -8,7 +8,8 @@ depend on how the text was cut into deltas (up to merging adjacent deltas of one
 
 This module is the entry point. The state machine is family_parser.py (its state as data in
 call_unit.py, its output runs in event_runs.py, whitespace at markers in segment.py, marker
-search in markers.py); collector.py gathers the non-streaming result.
+search in markers.py, markerless calls in bare_call.py and call_check.py); collector.py
+gathers the non-streaming result.
 
 Streaming: text is emitted as soon as it cannot be the start of a marker; only a possible
 partial marker is held back. A call is held until its name is known; then `ToolCallStart`,
@@ -38,6 +39,13 @@ Decisions (where SPEC §2 is silent):
   text are content (tool_choice "none": calls come back as text).
 - Llama's markerless JSON call is recognised only where it opens the output, and only while
   its keys read like a call (name / parameters / arguments / type); otherwise it is plain text.
+- Hermes-syntax models (Qwen2.5) may leave the markers out: where the answer starts, JSON
+  objects, a list of them, or either in one ```json fence are held until they close and are
+  calls only when every one names a declared tool with arguments valid for its schema and
+  grounded in the conversation (`ParserOptions.bare_calls`; argosy/chat/bare_call.py and
+  call_check.py); otherwise all of it is text, with a ToolParseFailure ("unknown_tool",
+  "invalid_arguments", "ungrounded_arguments", "invalid_json", "call_too_long") when it was
+  a call attempt. Such calls are sent whole (start, all arguments, end) once decided.
 - `is_call_forced` (tool_choice "required" or named, enforced by a grammar): the output after
   any reasoning is calls, in the family's marker syntax (the grammar's `<tool_call>` shape)
   or bare JSON: call objects one after another, or one array of them.

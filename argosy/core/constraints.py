@@ -4,6 +4,9 @@ Dialect-free: it reads the neutral ToolDefinition / ToolChoice / OutputFormat
 (argosy/chat/messages.py), so every dialect gets the same rules and the same errors.
 
 - `auto`: the tools go into the prompt; calls in the output are parsed, nothing is forced.
+  Calls the model writes without its family's markers (bare JSON where the answer starts)
+  are calls only when they name a declared tool with schema-valid, grounded arguments
+  (argosy/chat/call_check.py); the check carries the tools' schemas and the conversation.
 - `none`: no tools in the prompt and no call parsing (call-looking text stays content).
 - `required`: a grammar forces one call (or several, with parallel_tool_calls) of any
   declared tool, each call's arguments valid for that tool's schema.
@@ -15,7 +18,8 @@ Dialect-free: it reads the neutral ToolDefinition / ToolChoice / OutputFormat
 
 A forced call and a response_format cannot both constrain the output: the call wins and
 `response_format` is named as degraded; tools offered with `auto` next to a response_format
-cannot be called (the answer must be the JSON) and `tools` is named as degraded.
+cannot be called (the answer must be the JSON, never read as calls) and `tools` is named as
+degraded.
 Refusals (HTTP 400, `param` naming the field): a named tool that is not declared, a forced
 call with no tools, json_schema without a schema, duplicate tool names.
 """
@@ -28,8 +32,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from argosy.chat.call_check import BareCallCheck
 from argosy.chat.families import CallSyntax
-from argosy.chat.messages import ChatInput, OutputFormat, ToolChoice, ToolDefinition
+from argosy.chat.messages import ChatInput, Message, OutputFormat, ToolChoice, ToolDefinition
 from argosy.chat.parser_options import ParserOptions
 from argosy.errors import InvalidRequestError
 from argosy.runner.structured import GrammarSpec, GuideSpec, ToolCallGrammar, ToolSchema
@@ -241,16 +246,19 @@ def plan_constraints(chat: ChatInput, call_syntax: CallSyntax) -> ChatConstraint
     choice = chat.tool_choice
     uses_tools = bool(chat.tools) and choice.mode != "none"
     parallel = chat.parallel_tool_calls and choice.mode != "named"
+    wants_json = chat.output_format is not None and chat.output_format.kind != "text"
+    is_answer_json = wants_json and not choice.is_forced
+    is_bare_call_judged = uses_tools and not (choice.is_forced or is_answer_json)
     constraints = ChatConstraints(
         prompt_tools=list(chat.tools) if uses_tools else [],
         parser_options=ParserOptions(
-            has_tool_calls=uses_tools,
+            has_tool_calls=uses_tools and not is_answer_json,
             tool_names=frozenset(tool.name for tool in chat.tools),
             can_call_in_parallel=parallel,
             is_call_forced=choice.is_forced,
+            bare_calls=bare_call_check(chat) if is_bare_call_judged else None,
         ),
     )
-    wants_json = chat.output_format is not None and chat.output_format.kind != "text"
     if choice.is_forced:
         chosen = [tool for tool in chat.tools if choice.mode == "required" or tool.name == choice.name]
         constraints.grammar = GrammarSpec("tool_call", forced_call_grammar(chosen, call_syntax, parallel))
@@ -264,6 +272,22 @@ def plan_constraints(chat: ChatInput, call_syntax: CallSyntax) -> ChatConstraint
         if uses_tools:
             constraints.degraded.append("tools")
     return constraints
+
+
+def bare_call_check(chat: ChatInput) -> BareCallCheck:
+    """What a markerless call is checked against: the tools' schemas and the conversation."""
+    return BareCallCheck(
+        tool_schemas={tool.name: tool.parameters for tool in chat.tools},
+        conversation=tuple(_conversation_texts(chat.messages)),
+    )
+
+
+def _conversation_texts(messages: list[Message]) -> Iterator[str]:
+    for message in messages:
+        if message.content:
+            yield message.content
+        for tool_call in message.tool_calls:
+            yield tool_call.arguments
 
 
 def forced_call_grammar(tools: list[ToolDefinition], syntax: CallSyntax, parallel: bool) -> ToolCallGrammar:

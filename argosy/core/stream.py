@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("argosy.api")
 
+# Named in `degraded` when a choice's tool call came back as text (ToolParseFailure.
+# is_call_left_as_text): the tools were offered, but that call could not be honoured as one.
+TOOL_CALL_UNPARSED = "tool_call_unparsed"
+
 
 @dataclass(slots=True)
 class CoreRequest:
@@ -99,7 +103,8 @@ class CoreStream:
     stopped and it finishes "length" once the reader reaches the cut (`slow_reader`).
     Time limit: past `timeout_s` from arrival the engine requests are stopped and every
     unfinished choice finishes "length"; `degraded` then names "request_timeout" (dialects
-    put it in x-argosy-degraded, or in a stream's trailing comment). Sessions: `record` sees
+    put it in x-argosy-degraded, or in a stream's trailing comment); a tool call that came
+    back as text names "tool_call_unparsed" there. Sessions: `record` sees
     every event and commits them when the stream ends (`record.committed`). Shutdown: past
     the drain's grace, `abort(error)` ends it from outside with `error` (argosy/core/drain.py).
     """
@@ -343,6 +348,9 @@ class CoreStream:
     def _observe(self, event: Event) -> None:
         if self.record is not None:
             self.record.add(event)
+        is_unparsed = isinstance(event, ToolParseFailure) and event.is_call_left_as_text
+        if is_unparsed and TOOL_CALL_UNPARSED not in self.degraded:
+            self.degraded.append(TOOL_CALL_UNPARSED)
 
     async def _pump(self, choice: ChoiceState) -> None:
         outputs = self._engine.generate(

@@ -34,6 +34,9 @@ class CallSyntax:
     `separator` or, with `is_array_allowed`, written as one JSON array. With `args_marker`
     a call may also be written `name<args_marker>{...}` right after the open marker.
     `args_key` is the arguments key the family itself writes (a forced call's grammar uses it).
+    With `is_bare_json_checked` a call written without markers where the answer starts (bare
+    JSON objects, a list of them, or either in a ```json fence) is held until it closes and is
+    a call only if it passes the request's check (argosy/chat/bare_call.py, call_check.py).
     """
 
     open_marker: str | None
@@ -41,6 +44,7 @@ class CallSyntax:
     separator: str | None = None
     is_array_allowed: bool = False
     is_bare_json_at_start: bool = False
+    is_bare_json_checked: bool = False
     args_marker: str | None = None
     name_keys: tuple[str, ...] = ("name",)
     args_keys: tuple[str, ...] = ("arguments", "parameters")

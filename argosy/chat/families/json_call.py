@@ -7,7 +7,8 @@ the top level is parsed (keys, and where each value begins and ends), so the cal
 known as soon as its string closes and the arguments value's text is handed out as it grows;
 nested values are only scanned for nesting, strings (with escapes) and the characters JSON
 allows outside strings. A `</tool_call>` inside a string is string text; outside one, its `<`
-is an ERROR. The complete text is validated with json.loads (`is_valid`).
+is an ERROR. The complete text is validated with json.loads (`is_valid`). `ValueScanner`
+finds where one JSON value ends (bare_call.py holds markerless calls with it).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ _EXPECT_OPEN, _EXPECT_KEY_OR_CLOSE, _EXPECT_KEY, _KEY, _EXPECT_COLON = range(5)
 _EXPECT_VALUE, _VALUE, _AFTER_VALUE, _CLOSED = range(5, 9)
 
 
-class _ValueScanner:
+class ValueScanner:
     """Finds where one JSON value ends: nesting depth, strings and escapes; nothing more."""
 
     __slots__ = ("_kind", "_depth", "_is_in_string", "_is_escaped")
@@ -130,7 +131,7 @@ class CallObjectReader:
         self._syntax = syntax
         self._is_args_only = is_args_only
         self._state = _EXPECT_VALUE if is_args_only else _EXPECT_OPEN
-        self._scanner = _ValueScanner()
+        self._scanner = ValueScanner()
         self._key: str | None = None
         self._piece_parts: list[str] = []  # the key or value being read
         self._is_capturing_args = is_args_only
@@ -199,7 +200,7 @@ class CallObjectReader:
                     return position, ERROR
                 self._state = _EXPECT_VALUE
             elif ch == '"':  # _EXPECT_KEY or _EXPECT_KEY_OR_CLOSE
-                self._scanner = _ValueScanner()
+                self._scanner = ValueScanner()
                 self._piece_parts = []
                 self._state = _KEY
                 continue
@@ -214,7 +215,7 @@ class CallObjectReader:
         return size, CONSUMED
 
     def _start_value(self, ch: str) -> None:
-        self._scanner = _ValueScanner()
+        self._scanner = ValueScanner()
         self._piece_parts = []
         if not self._is_args_only:
             self._is_capturing_args = self._key in self._syntax.args_keys and self.args_kind is None
