@@ -68,6 +68,23 @@ class EngineClient(Protocol):
     def shutdown(self) -> None: ...
 
 
+@runtime_checkable
+class PoolingEngineClient(Protocol):
+    """An EngineClient that also pools hidden states (embeddings from a chat model): the
+    local AsyncEngine does; a fleet's client does not (yet)."""
+
+    async def embed(
+        self,
+        inputs: list[list[int]],
+        *,
+        pooling: str = "mean",
+        qos: str = "interactive",
+        arrival: Arrival | None = None,
+    ) -> list[RequestOutput]:
+        """One finished output per input, in order, each with its `embedding`."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class NodeReport:
     """One engine node of a fleet's model, as /health and /metrics show it."""

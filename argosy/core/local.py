@@ -1,7 +1,8 @@
 """Loading a configured model into this process: the registry's `load_fn` for local engines.
 
 A chat model becomes an AsyncEngine (built on its own engine thread) behind a ModelService;
-an embedding model an AsyncEmbeddingEngine behind an EmbeddingService; an audio model (kind
+an embedding model an AsyncEmbeddingEngine behind an EmbeddingService; a cross-encoder (kind
+rerank) a CrossEncoderEngine on the same worker behind a RerankService; an audio model (kind
 transcription or speech) a TranscriptionService or SpeechService (argosy/audio/); an image
 model a diffusers pipeline behind an ImageService (argosy/images/). Runs on a worker
 thread (the registry's), never on the event loop.
@@ -41,6 +42,14 @@ class LocalModelLoader:
             source, max_len = spec.source, spec.max_model_len
             encoder = AsyncEmbeddingEngine(lambda: EmbeddingEngine(source, max_input_tokens=max_len))
             return EmbeddingService(spec.id, encoder)
+        if spec.kind == "rerank":
+            from argosy.core.rerank_service import RerankService
+            from argosy.engine.cross_encoder_engine import CrossEncoderEngine
+            from argosy.engine.embedding_engine import AsyncEmbeddingEngine
+
+            source, max_len = spec.source, spec.max_model_len
+            scorer = AsyncEmbeddingEngine(lambda: CrossEncoderEngine(source, max_input_tokens=max_len))
+            return RerankService(spec.id, scorer)
         from argosy.engine.async_engine import AsyncEngine
         from argosy.engine.llm_engine import LLMEngine
 

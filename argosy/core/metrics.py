@@ -6,7 +6,8 @@ apps in one process — the tests — do not collide):
   event counts its request by HTTP status, its refusal's kind, its generation's finish and
   tokens, and its latencies;
 - EngineCollector, read at scrape time (no thread, no polling): each loaded chat model's
-  engine counters (service.engine_stats()) and the registry's loads and unloads.
+  engine counters (service.engine_stats()), each loaded encoder's forward passes (embedding
+  and rerank models) and the registry's loads and unloads.
 
 Names follow vLLM's where the meaning is the same (`argosy:` for `vllm:`). Labels are
 bounded whatever clients send: `model` is a configured model id or "none" (an event carries
@@ -30,8 +31,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from argosy.core.embedding_service import EmbeddingService
 from argosy.core.events import RequestEvent
 from argosy.core.registry import ModelRegistry
+from argosy.core.rerank_service import RerankService
 from argosy.core.service import ModelService
 from argosy.errors import ArgosyError
 
@@ -203,11 +206,17 @@ class EngineCollector(Collector):
         loads = counter("argosy:model_loads", "Times a model was loaded.")
         unloads = counter("argosy:model_unloads", "Times a model was unloaded (idle, for room, engine died).")
         num_loaded = GaugeMetricFamily("argosy:num_models_loaded", "Models loaded now.")
+        encoder_forwards = counter(
+            "argosy:encoder_forwards",
+            "Forward passes of a loaded embedding or rerank model (a request's inputs share them).",
+        )
         for entry in self.models.entries:
             model = [entry.spec.id]
             holds = entry.state in ("loaded", "unloading")
             loads.add_metric(model, entry.num_loads)
             unloads.add_metric(model, max(0, entry.num_loads - holds))
+            if entry.state == "loaded" and isinstance(entry.service, (EmbeddingService, RerankService)):
+                encoder_forwards.add_metric(model, entry.service.num_forwards)
             if entry.state != "loaded" or entry.spec.kind != "chat" or entry.service is None:
                 continue
             try:
@@ -225,7 +234,7 @@ class EngineCollector(Collector):
             accepted.add_metric(model, stats.spec_accepted_tokens)
         num_loaded.add_metric([], len(self.models.loaded()))
         yield from (running, waiting, queued, kv_usage, queries, hits, preemptions, drafts, accepted)
-        yield from (loads, unloads, num_loaded)
+        yield from (loads, unloads, num_loaded, encoder_forwards)
         yield from self._fleet()
 
     def _fleet(self) -> Iterator[Metric]:

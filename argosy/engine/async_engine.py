@@ -8,6 +8,10 @@ detokenization. Leaving the iteration early
 (client gone, task cancelled) aborts the request; the engine frees its blocks at the start
 of its next step. The engine thread is the only one that touches LLMEngine.
 
+`embed()` queues pooling requests (prefill-only, argosy/runner/pooler.py) for the same engine:
+one per input, all added in one command so they share their first step, and returns their
+vectors in order; leaving early (cancelled) aborts the ones not finished.
+
 Arrivals: requests on their way to the engine (the HTTP layer has them, their prompt is still
 being rendered and tokenized) are counted (`arriving()`, handed back to
 `generate(arrival=)`). When an idle engine wakes for a new request while others are still
@@ -57,6 +61,13 @@ class _Abort:
     request_id: str
 
 
+@dataclass(slots=True)
+class _Pool:
+    inputs: dict[str, list[int]]  # request id -> token ids
+    pooling: str
+    qos: str
+
+
 class _Stream:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -80,7 +91,7 @@ class AsyncEngine:
             self.engine = engine
         self._built = threading.Event()
         self._build_error: BaseException | None = None
-        self._inbox: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Add | _Abort | _Pool] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
@@ -179,6 +190,44 @@ class AsyncEngine:
             if not finished or not processor.engine_finished:
                 self._send(_Abort(request_id))
 
+    async def embed(
+        self,
+        inputs: list[list[int]],
+        *,
+        pooling: str = "mean",
+        qos: str = "interactive",
+        arrival: Arrival | None = None,
+    ) -> list[RequestOutput]:
+        """One finished output per input, in order, each with its `embedding`. Raises the
+        first input's error (ArgosyError) or EngineDeadError; aborts the rest on the way out."""
+        if self.dead_error is not None:
+            raise EngineDeadError(f"The engine stopped: {self.dead_error}")
+        request_ids = [f"pool-{next(_request_counter)}" for _ in inputs]
+        stream = _Stream(asyncio.get_running_loop())  # one queue for the whole batch
+        with self._lock:
+            for request_id in request_ids:
+                self._streams[request_id] = stream
+        self._send(_Pool(dict(zip(request_ids, inputs, strict=True)), pooling, qos))
+        if arrival is not None:
+            arrival.done()
+        done: dict[str, RequestOutput] = {}
+        try:
+            while len(done) < len(request_ids):
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.error is not None or item.embedding is None:
+                    raise ArgosyError(f"Embedding failed: {item.error or item.finish_reason}")
+                done[item.request_id] = item
+        finally:
+            with self._lock:
+                for request_id in request_ids:
+                    self._streams.pop(request_id, None)
+            for request_id in request_ids:
+                if request_id not in done:
+                    self._send(_Abort(request_id))
+        return [done[request_id] for request_id in request_ids]
+
     def abort(self, request_id: str) -> None:
         self._send(_Abort(request_id))
 
@@ -190,7 +239,7 @@ class AsyncEngine:
             self.engine.stop_compiling()
 
     # -- engine thread -------------------------------------------------------------------
-    def _send(self, command: _Add | _Abort) -> None:
+    def _send(self, command: _Add | _Abort | _Pool) -> None:
         self._inbox.put(command)
         self._wakeup.set()
 
@@ -203,6 +252,9 @@ class AsyncEngine:
             if isinstance(command, _Abort):
                 self.engine.abort(command.request_id)
                 continue
+            if isinstance(command, _Pool):
+                self._add_pooling(command)
+                continue
             with self._lock:
                 stream = self._streams.get(command.request_id)
             if stream is None:  # gone before it started
@@ -212,6 +264,17 @@ class AsyncEngine:
                     command.request_id, command.prompt_token_ids, command.params, command.qos, command.guide
                 )
             except ArgosyError as exc:  # a bad request fails alone
+                stream.put(exc)
+
+    def _add_pooling(self, command: _Pool) -> None:
+        for request_id, token_ids in command.inputs.items():
+            with self._lock:
+                stream = self._streams.get(request_id)
+            if stream is None:  # gone before it started
+                continue
+            try:
+                self.engine.add_pooling_request(request_id, token_ids, command.pooling, command.qos)
+            except ArgosyError as exc:  # a bad input fails its batch (the caller raises it)
                 stream.put(exc)
 
     def _await_arrivals(self) -> None:

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -31,7 +32,80 @@ from argosy.models.embedding_source import EmbeddingSource, load_embedding_sourc
 DEFAULT_MAX_BATCH_TOKENS = 16384
 
 
-class EmbeddingEngine:
+class PackedEncoderEngine:
+    """What an EmbeddingEngine and a CrossEncoderEngine share: the length limits set at load,
+    the checks of a batch's inputs, and the batch run in forwards of at most
+    `max_batch_tokens` tokens. A subclass sets `source` (its name, config and longest input),
+    then calls `_set_limits`, and writes `_forward` (one row of floats per input)."""
+
+    _input_noun = "input"  # what an error calls one input
+    _input_param = "input"  # the request field an error names
+    source: Any  # an EmbeddingSource or a CrossEncoderSource
+    max_batch_tokens: int
+    num_forwards: int
+    vocab_size: int
+
+    def _set_limits(
+        self, max_input_tokens: int | None, max_batch_tokens: int, bounds: tuple[int, int], note: str = ""
+    ) -> None:
+        """`max_input_tokens` (None: the source's own) within `bounds`, else ModelLoadError;
+        `max_batch_tokens` must hold one longest input."""
+        if max_input_tokens is not None:
+            low, high = bounds
+            if not low <= max_input_tokens <= high:
+                raise ModelLoadError(
+                    f"max_model_len {max_input_tokens} for {self.source.name}: must be in {low}..{high}{note}"
+                )
+            self.source.max_seq_length = max_input_tokens
+        if max_batch_tokens < self.source.max_seq_length:
+            raise InvalidRequestError(
+                f"max_batch_tokens ({max_batch_tokens}) must hold one longest {self._input_noun} "
+                f"({self.source.max_seq_length} tokens)",
+                "max_batch_tokens",
+            )
+        self.max_batch_tokens = max_batch_tokens
+        self.num_forwards = 0  # model forward calls so far (one per sub-batch)
+
+    @property
+    def name(self) -> str:
+        return str(self.source.name)
+
+    @property
+    def max_input_tokens(self) -> int:
+        """Longest accepted input, special tokens included."""
+        return int(self.source.max_seq_length)
+
+    def _check_inputs(self, inputs: list[list[int]], id_limit: int, outside: str) -> None:
+        """Raise InvalidRequestError (ContextLengthExceededError for length) for an empty or
+        over-long input, or one with an id outside [0, `id_limit`) (`outside` says so)."""
+        noun, param = self._input_noun, self._input_param
+        for index, ids in enumerate(inputs):
+            if not ids:
+                raise InvalidRequestError(f"{noun} {index} is empty", param)
+            if len(ids) > self.max_input_tokens:
+                raise ContextLengthExceededError(
+                    f"{noun} {index} has {len(ids)} tokens; this model takes at most {self.max_input_tokens}",
+                    param,
+                )
+            if min(ids) < 0 or max(ids) >= id_limit:
+                raise InvalidRequestError(f"{noun} {index} has {outside}", param)
+
+    def validate(self, inputs: list[list[int]]) -> None:
+        raise NotImplementedError
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        """One row per input, in order; raises InvalidRequestError before any work."""
+        self.validate(inputs)
+        rows: list[list[float]] = []
+        for start, stop in _token_budget_slices(inputs, self.max_batch_tokens):
+            rows.extend(self._forward(inputs[start:stop]).tolist())
+        return rows
+
+    def _forward(self, inputs: list[list[int]]) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class EmbeddingEngine(PackedEncoderEngine):
     """Not thread-safe: one thread calls `embed()` (tokenize/truncate are safe anywhere)."""
 
     def __init__(
@@ -43,37 +117,16 @@ class EmbeddingEngine:
     ) -> None:
         """`max_input_tokens`: the longest input accepted (default: the model's
         sentence-transformers max_seq_length; at most its position table)."""
-        self.source = model if isinstance(model, EmbeddingSource) else load_embedding_source(model)
-        if max_input_tokens is not None:
-            max_positions = int(self.source.hf_config.get("max_position_embeddings", 512))
-            if not 2 <= max_input_tokens <= max_positions:
-                raise ModelLoadError(
-                    f"max_model_len {max_input_tokens} for {self.source.name}: must be in 2..{max_positions} "
-                    "(its position table)"
-                )
-            self.source.max_seq_length = max_input_tokens
-        if max_batch_tokens < self.source.max_seq_length:
-            raise InvalidRequestError(
-                f"max_batch_tokens ({max_batch_tokens}) must hold one longest input "
-                f"({self.source.max_seq_length} tokens)",
-                "max_batch_tokens",
-            )
-        self.max_batch_tokens = max_batch_tokens
+        self.source: EmbeddingSource = (
+            model if isinstance(model, EmbeddingSource) else load_embedding_source(model)
+        )
+        max_positions = int(self.source.hf_config.get("max_position_embeddings", 512))
+        self._set_limits(max_input_tokens, max_batch_tokens, (2, max_positions), " (its position table)")
         self.model: BertEmbedder = build_bert_embedder(
             self.source.hf_config, self.source.path, self.source.pooling, self.source.normalize, dtype
         )
         self.vocab_size = self.model.config.vocab_size
-        self.num_forwards = 0  # model forward calls so far (one per sub-batch)
         self._num_trailing_special = _num_trailing_special_tokens(self.source)
-
-    @property
-    def name(self) -> str:
-        return self.source.name
-
-    @property
-    def max_input_tokens(self) -> int:
-        """Longest accepted input, special tokens included."""
-        return self.source.max_seq_length
 
     @property
     def dimensions(self) -> int:
@@ -96,26 +149,8 @@ class EmbeddingEngine:
     def validate(self, inputs: list[list[int]]) -> None:
         """Raise InvalidRequestError (ContextLengthExceededError for length) for an input the
         model cannot embed."""
-        for index, ids in enumerate(inputs):
-            if not ids:
-                raise InvalidRequestError(f"input {index} is empty", "input")
-            if len(ids) > self.max_input_tokens:
-                raise ContextLengthExceededError(
-                    f"input {index} has {len(ids)} tokens; this model takes at most {self.max_input_tokens}",
-                    "input",
-                )
-            if min(ids) < 0 or max(ids) >= self.vocab_size:
-                raise InvalidRequestError(
-                    f"input {index} has a token id outside the vocabulary [0, {self.vocab_size})", "input"
-                )
-
-    def embed(self, inputs: list[list[int]]) -> list[list[float]]:
-        """One vector per input, in order; raises InvalidRequestError before any work."""
-        self.validate(inputs)
-        vectors: list[list[float]] = []
-        for start, stop in _token_budget_slices(inputs, self.max_batch_tokens):
-            vectors.extend(self._forward(inputs[start:stop]).tolist())
-        return vectors
+        outside = f"a token id outside the vocabulary [0, {self.vocab_size})"
+        self._check_inputs(inputs, self.vocab_size, outside)
 
     @torch.inference_mode()
     def _forward(self, inputs: list[list[int]]) -> torch.Tensor:
@@ -164,18 +199,47 @@ def _settle(future: asyncio.Future[list[list[float]]], result: list[list[float]]
         future.set_result(result)
 
 
-class AsyncEmbeddingEngine:
-    """Give it an EmbeddingEngine, or better a function that builds one on the worker thread."""
+@runtime_checkable
+class BatchEncoder(Protocol):
+    """What the worker below runs: an encoder that takes many token-id inputs in one call (an
+    EmbeddingEngine; a CrossEncoderEngine, whose inputs are text pairs)."""
+
+    max_batch_tokens: int
+    num_forwards: int
+
+    @property
+    def max_input_tokens(self) -> int: ...
+
+    @property
+    def dimensions(self) -> int: ...
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]: ...
+
+    def truncate(self, token_ids: list[int]) -> list[int]: ...
+
+    def validate(self, inputs: list[list[int]]) -> None: ...
+
+    def embed(self, inputs: list[list[int]]) -> list[list[float]]: ...
+
+
+EncoderT = TypeVar("EncoderT", bound=BatchEncoder)
+
+
+class AsyncEmbeddingEngine(Generic[EncoderT]):
+    """Give it an encoder (an EmbeddingEngine), or better a function that builds one on the
+    worker thread."""
 
     def __init__(
         self,
-        engine: EmbeddingEngine | Callable[[], EmbeddingEngine],
+        engine: EncoderT | Callable[[], EncoderT],
         max_batch_tokens: int | None = None,
     ) -> None:
-        self._build = None if isinstance(engine, EmbeddingEngine) else engine
-        self.engine: EmbeddingEngine  # set here or, from `_build`, on the worker before `_built`
-        if isinstance(engine, EmbeddingEngine):
+        self._build: Callable[[], EncoderT] | None = None
+        self.engine: EncoderT  # set here or, from `_build`, on the worker before `_built`
+        if isinstance(engine, BatchEncoder):
             self.engine = engine
+        else:
+            self._build = engine
         self._max_batch_tokens = max_batch_tokens
         self._pending: deque[_Job] = deque()
         self._cond = threading.Condition()

@@ -3,6 +3,10 @@
 One step = schedule (scheduler) -> execute (model runner) -> update (append sampled
 tokens, check stop conditions, free finished requests). Not thread-safe: the async engine
 drives it from a single thread.
+
+`add_pooling_request` queues a prefill-only request whose output is its pooled hidden state
+(an embedding from this chat model): it is scheduled, chunked, batched and preempted like any
+prompt, on the same weights and KV pool, and finishes ("stop") with `embedding` set.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ import os
 import threading
 import time
 
-from argosy.config import QOS_CLASSES, EngineConfig
+from argosy.config import EngineConfig
 from argosy.engine.block_manager import BlockManager
 from argosy.engine.outputs import EngineStats, ModelDescription, RequestOutput
 from argosy.engine.scheduler import Scheduler, SchedulerOutput
 from argosy.engine.sequence import Sequence
-from argosy.errors import ContextLengthExceededError, InvalidRequestError
+from argosy.engine.validation import PREFILL_ONLY, validate_pooling_request, validate_request
+from argosy.errors import InvalidRequestError
 from argosy.models.build import (
     describe_weights,
     load_model,
@@ -39,40 +44,6 @@ from argosy.runner.structured import TokenGuide
 from argosy.sampling_params import SamplingParams
 
 log = logging.getLogger("argosy.engine")
-
-
-def validate_request(
-    prompt_token_ids: list[int], params: SamplingParams, qos: str, vocab_size: int, max_model_len: int
-) -> None:
-    """Every check of a request that needs no engine state (an engine's, or a fleet head's
-    for its nodes' model); raises typed errors."""
-    n = len(prompt_token_ids)
-    if n == 0:
-        raise InvalidRequestError("The prompt is empty.", param="prompt")
-    bad = [t for t in prompt_token_ids if not 0 <= t < vocab_size]
-    if bad:
-        raise InvalidRequestError(
-            f"Token id {bad[0]} is out of range for a vocabulary of {vocab_size}.", param="prompt"
-        )
-    if params.logit_bias:
-        bad = [t for t in params.logit_bias if not 0 <= t < vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"logit_bias token id {bad[0]} is out of range for a vocabulary of {vocab_size}.",
-                param="logit_bias",
-            )
-    if qos not in QOS_CLASSES:
-        raise InvalidRequestError(
-            f"Unknown QoS class {qos!r}; use one of {', '.join(QOS_CLASSES)}.", "priority"
-        )
-    requested = params.max_tokens or 1
-    if n + requested > max_model_len:
-        raise ContextLengthExceededError(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{n + requested} tokens ({n} in the prompt, {requested} in the completion). "
-            "Please reduce the prompt or the completion length.",
-            param="max_tokens" if n < max_model_len else "prompt",
-        )
 
 
 # The background compile starts once no request has come and no step run for this long, or this
@@ -279,6 +250,7 @@ class LLMEngine:
             kernels="triton-cuda" if self.device.startswith("cuda") else native_ops_path(self.invariant),
             deterministic=self.deterministic,
             tensor_formats=tensor_formats(source.hf_config.get(GGUF_TENSOR_TYPES_KEY)),
+            hidden_size=self.model.config.hidden_size,
         )
 
     # -- requests ------------------------------------------------------------------------
@@ -309,6 +281,18 @@ class LLMEngine:
         seq = Sequence(request_id, list(prompt_token_ids), params, qos=qos, guide=guide)
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs.append(None)
+        self.sequences[request_id] = seq
+        self.scheduler.add(seq)
+        self._last_busy = time.monotonic()
+
+    def add_pooling_request(
+        self, request_id: str, prompt_token_ids: list[int], pooling: str = "mean", qos: str = "interactive"
+    ) -> None:
+        """A prefill-only request: its output is the `pooling` of its last hidden states."""
+        if request_id in self.sequences:
+            raise InvalidRequestError(f"Request id {request_id!r} is already in flight.")
+        validate_pooling_request(prompt_token_ids, pooling, qos, self.vocab_size, self.max_model_len)
+        seq = Sequence(request_id, list(prompt_token_ids), PREFILL_ONLY, qos=qos, pooling=pooling)
         self.sequences[request_id] = seq
         self.scheduler.add(seq)
         self._last_busy = time.monotonic()
@@ -363,7 +347,12 @@ class LLMEngine:
                 self.runner.release(seq.request_id)
                 continue
             verified = result.verified.get(seq.request_id)
-            if verified is not None:
+            if seq.pooling is not None:
+                seq.embedding = result.pooled.get(seq.request_id)
+                if seq.embedding is None:
+                    continue  # a chunk short of the input's end
+                self.scheduler.finish(seq, "stop")
+            elif verified is not None:
                 self._append_verified(seq, req.num_spec_tokens, verified)
             else:
                 sampled = result.sampled.get(seq.request_id)
@@ -454,6 +443,7 @@ class LLMEngine:
             num_spec_proposed=seq.num_spec_proposed if self.proposer is not None else None,
             num_spec_accepted=seq.num_spec_accepted if self.proposer is not None else None,
             queue_s=seq.queue_s,
+            embedding=seq.embedding,
         )
 
     def stats(self) -> EngineStats:

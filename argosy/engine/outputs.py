@@ -43,6 +43,7 @@ class RequestOutput:
     num_spec_proposed: int | None = None  # draft tokens verified
     num_spec_accepted: int | None = None  # draft tokens accepted
     queue_s: float | None = None  # the engine took it -> first scheduled (None: not yet)
+    embedding: list[float] | None = None  # a pooling request's vector (float32 values), once finished
 
 
 @dataclass(slots=True)
@@ -94,6 +95,7 @@ class ModelDescription:
     tensor_formats: dict[str, str] | None = (
         None  # a GGUF's types per weight role (gguf_config.tensor_formats)
     )
+    hidden_size: int | None = None  # the last hidden state's width (a pooled embedding's length)
 
     def encode(self, text: str) -> list[int]:
         """A raw prompt's token ids, with the BOS the model's tokenizer config asks for."""

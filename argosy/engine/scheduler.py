@@ -10,6 +10,10 @@ A batch-invariant request runs in steps of its own (alternating with the others'
 without prefix-cache hits and is never chosen for preemption while others can go, so its
 tokens equal those of a solo run on an idle engine.
 
+Pooling sequences (embeddings) are prefill chunks like any other, batched with generation;
+they never take a prefix-cache hit (every token's hidden state is pooled) and never carry a
+draft.
+
 Speculative decoding: with a proposer, a decode may carry a draft of k tokens (stored in
 `seq.spec_token_ids`) and then computes 1 + k tokens, counted in the token budget; each
 decode keeps at least its one token of budget, and a draft is dropped rather than preempt
@@ -38,11 +42,21 @@ class ScheduledRequest:
     num_spec_tokens: int = 0  # the draft (seq.spec_token_ids) verified after the known tokens
 
     @property
-    def is_sampling(self) -> bool:
-        """True when this step computes the sequence's last known token (so it samples)."""
+    def is_last_chunk(self) -> bool:
+        """True when this step computes the sequence's last known token."""
         return (
             self.seq.num_computed_tokens + self.num_new_tokens - self.num_spec_tokens == self.seq.num_tokens
         )
+
+    @property
+    def is_sampling(self) -> bool:
+        """True when this step samples the sequence's next token (a pooling one never does)."""
+        return self.is_last_chunk and self.seq.pooling is None
+
+    @property
+    def is_pooling(self) -> bool:
+        """A pooling sequence's chunk: every row's hidden state is read."""
+        return self.seq.pooling is not None
 
 
 @dataclass(slots=True)
@@ -172,6 +186,8 @@ class Scheduler:
         """A draft for a decoding sequence, when a proposer has one and its slots are free."""
         if self.proposer is None or limit <= 0 or seq.num_tokens - seq.num_computed_tokens != 1:
             return []
+        if seq.pooling is not None:
+            return []
         draft = self.proposer.propose(seq, limit)
         if draft and not self.block_manager.can_append(seq, 1 + len(draft)):
             return []  # never preempt anyone for a draft's slots
@@ -207,7 +223,7 @@ class Scheduler:
         batchable = [s for s in self.waiting if not s.params.batch_invariant]
         while batchable and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = batchable[0]
-            cached = self.block_manager.find_cached_prefix(seq)
+            cached = self.block_manager.find_cached_prefix(seq) if seq.pooling is None else []
             num_cached_tokens = len(cached) * self.block_manager.block_size
             num_new = min(seq.num_tokens - num_cached_tokens, budget)
             if not self.block_manager.can_allocate(seq, num_new, cached):

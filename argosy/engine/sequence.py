@@ -3,6 +3,10 @@
 Invariants: `num_computed_tokens <= num_tokens`; the KV of tokens [0, num_computed_tokens)
 lives in the blocks of `block_table`, in order; `block_hashes[i]` is the prefix-cache key
 of block i once that block is full of computed tokens.
+
+A pooling sequence (`pooling` set, e.g. "mean") is prefill-only: every one of its tokens is
+computed (no prefix-cache hit skips one), nothing is sampled, and it finishes with its pooled
+hidden state (`embedding`) once its last token is computed.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ class Sequence:
     spec_state: object | None = None
     num_spec_proposed: int = 0  # draft tokens verified
     num_spec_accepted: int = 0  # draft tokens accepted (and kept)
+    pooling: str | None = None  # prefill-only: how its hidden states are pooled ("mean")
+    embedding: list[float] | None = None  # a pooling sequence's vector, once finished
 
     @property
     def num_prompt_tokens(self) -> int:

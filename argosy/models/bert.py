@@ -58,6 +58,9 @@ class BertConfig:
     type_vocab_size: int
     layer_norm_eps: float
     hidden_act: str
+    # the position of a sequence's first token in the position table: 0 for BERT; RoBERTa
+    # counts positions from its padding id + 1 (2 for XLM-RoBERTa)
+    position_offset: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -121,14 +124,16 @@ class PackedBatch:
     seq_starts: torch.Tensor  # [num_seqs]: first token of each packed sequence
     order: torch.Tensor  # [num_seqs]
     groups: list[AttentionGroup]
+    token_types: torch.Tensor | None = None  # [total_tokens]; None: every token has type 0
 
     @property
     def num_seqs(self) -> int:
         return int(self.seq_lens.shape[0])
 
     @classmethod
-    def build(cls, sequences: list[list[int]]) -> PackedBatch:
-        """Invariant: every sequence is non-empty (the caller validates)."""
+    def build(cls, sequences: list[list[int]], token_types: list[list[int]] | None = None) -> PackedBatch:
+        """Invariant: every sequence is non-empty (the caller validates); `token_types`, when
+        given (a text pair's segments), is one list per sequence of its length."""
         order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
         lens = [len(sequences[i]) for i in order]
         flat = [t for i in order for t in sequences[i]]
@@ -143,6 +148,9 @@ class PackedBatch:
             seq_starts=seq_starts,
             order=torch.tensor(order, dtype=torch.long),
             groups=_attention_groups(lens),
+            token_types=None
+            if token_types is None
+            else torch.tensor([t for i in order for t in token_types[i]], dtype=torch.long),
         )
 
 
@@ -266,9 +274,14 @@ class BertEmbedder(nn.Module):
 
     def encode(self, batch: PackedBatch) -> torch.Tensor:
         """Last hidden states of the packed tokens, [total_tokens, hidden]."""
-        # single-text inputs: every token has token type 0
-        x = self.word_embeddings(batch.input_ids) + self.token_type_embeddings.weight[0]
-        x = self.embedding_norm(x + self.position_embeddings(batch.positions))
+        if batch.token_types is None:  # single-text inputs: every token has token type 0
+            x = self.word_embeddings(batch.input_ids) + self.token_type_embeddings.weight[0]
+        else:
+            x = self.word_embeddings(batch.input_ids) + self.token_type_embeddings(batch.token_types)
+        positions = (
+            batch.positions + self.config.position_offset if self.config.position_offset else batch.positions
+        )
+        x = self.embedding_norm(x + self.position_embeddings(positions))
         hidden = self.config.hidden_size
         scratch = [
             None if g.token_index is None else x.new_zeros(g.num_seqs * g.max_len, 3 * hidden)

@@ -100,12 +100,12 @@ def load_embedding_source(name_or_path: str | Path) -> EmbeddingSource:
 
 
 def read_embedding_folder(folder: Path, name: str) -> EmbeddingSource:
-    config = _read_json(folder / "config.json", required=True)
+    config = read_json_object(folder / "config.json", required=True)
     if not any(folder.glob("*.safetensors")):
         raise ModelLoadError(f"{folder} has no *.safetensors weights (only safetensors are supported)")
-    tokenizer = _read_tokenizer(folder / "tokenizer.json")
+    tokenizer = read_tokenizer(folder / "tokenizer.json")
     pooling, normalize = _read_modules(folder)
-    st_config = _read_json(folder / "sentence_bert_config.json", required=False)
+    st_config = read_json_object(folder / "sentence_bert_config.json", required=False)
     max_positions = int(config.get("max_position_embeddings", 512))
     max_seq_length = min(int(st_config.get("max_seq_length") or max_positions), max_positions)
     if max_seq_length < 2:
@@ -146,7 +146,7 @@ def _read_modules(folder: Path) -> tuple[str, bool]:
 
 
 def _pooling_mode(path: Path) -> str:
-    config = _read_json(path, required=True)
+    config = read_json_object(path, required=True)
     if isinstance(config.get("pooling_mode"), str):  # newer sentence-transformers write the name
         modes = [str(config["pooling_mode"]).removesuffix("_tokens").removesuffix("_token")]
     else:
@@ -156,7 +156,9 @@ def _pooling_mode(path: Path) -> str:
     return modes[0]
 
 
-def _read_tokenizer(path: Path) -> Tokenizer:
+def read_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer.json at `path`, its padding and truncation off; ModelLoadError when
+    missing or unreadable."""
     if not path.is_file():
         raise ModelLoadError(f"{path.parent} has no tokenizer.json")
     try:
@@ -168,10 +170,14 @@ def _read_tokenizer(path: Path) -> Tokenizer:
     return tokenizer
 
 
-def _read_json(path: Path, required: bool) -> dict[str, Any]:
+def read_json_object(
+    path: Path, required: bool, missing: str = "is not a complete embedding model folder: no"
+) -> dict[str, Any]:
+    """The JSON object at `path` ({} when absent and not `required`); ModelLoadError when a
+    required one is missing (`{folder} {missing} {name}`) or it is unreadable or no object."""
     if not path.is_file():
         if required:
-            raise ModelLoadError(f"{path.parent} is not a complete embedding model folder: no {path.name}")
+            raise ModelLoadError(f"{path.parent} {missing} {path.name}")
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -1,7 +1,7 @@
 """ModelRunner: owns the model and the KV tensors; turns a scheduled batch into tokens.
 
 It prepares inputs (flattened tokens, positions, slots, attention metadata), runs the
-model, and samples. It makes no policy decision: who runs and how much is the
+model, and samples; a pooling request's rows go to the pooler instead (runner/pooler.py). It makes no policy decision: who runs and how much is the
 scheduler's call.
 """
 
@@ -28,6 +28,7 @@ from argosy.ops.attention import (
 )
 from argosy.runner.compiled import MIN_BLOCKS, CompiledDecoder
 from argosy.runner.cuda_graphs import CudaGraphDecoder, buckets_up_to
+from argosy.runner.pooler import MeanPooler
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob, take_rows
 from argosy.runner.spec_decode import Verified, verify_batch
 
@@ -38,6 +39,7 @@ class StepResult:
     prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
     verified: dict[str, Verified] = field(default_factory=dict)  # requests that carried a draft
     failed: dict[str, str] = field(default_factory=dict)  # request id -> why (its logits are not finite)
+    pooled: dict[str, list[float]] = field(default_factory=dict)  # pooling requests done this step
 
 
 NON_FINITE = "The model's output for this request is not a number (NaN or inf); it was stopped."
@@ -142,6 +144,7 @@ class ModelRunner:
         self.num_compiled_steps = 0
         self.sampler = Sampler(vocab_size, torch.Generator().manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
+        self.pooler = MeanPooler()
 
     def compile_decode(self, row_counts: list[int], stop: threading.Event | None = None) -> bool:
         """Compile the decode step for batches of these sizes (and all sizes that share their
@@ -163,6 +166,7 @@ class ModelRunner:
 
     def release(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
+        self.pooler.release(request_id)
 
     def _slots(self, seq: Sequence, start: int, stop: int) -> torch.Tensor:
         table = torch.tensor(seq.block_table, dtype=torch.long)
@@ -197,6 +201,9 @@ class ModelRunner:
                 lps = self._prompt_logprobs(hidden, offsets[i] if at is None else at[offsets[i]], req)
                 if lps:
                     result.prompt_logprobs[req.seq.request_id] = lps
+            if req.is_pooling:
+                first = offsets[i] if at is None else at[offsets[i]]  # kept rows stay in order
+                self._pool(hidden[first : first + req.num_new_tokens], req, result)
 
         def device_logits_at(rows: list[int]) -> torch.Tensor:
             index = torch.tensor(
@@ -211,6 +218,17 @@ class ModelRunner:
         on_device = device_logits_at if self.greedy_on_device else None
         self._sample_and_verify(batch, offsets, logits_at, result, on_device)
         return result
+
+    def _pool(self, rows: torch.Tensor, req: ScheduledRequest, result: StepResult) -> None:
+        """Add a pooling chunk's hidden rows; its vector once the chunk ends the input."""
+        seq = req.seq
+        self.pooler.add(seq.request_id, seq.num_computed_tokens, rows)
+        if req.is_last_chunk:
+            vector = self.pooler.finish(seq.request_id, seq.num_tokens)
+            if vector is None:
+                result.failed[seq.request_id] = NON_FINITE
+            else:
+                result.pooled[seq.request_id] = vector
 
     def _sample_and_verify(
         self,
@@ -334,13 +352,13 @@ class ModelRunner:
     @staticmethod
     def _used_rows(batch: list[ScheduledRequest], offsets: list[int]) -> list[int] | None:
         """The step's rows whose hidden state it reads (each sampling request's last row, every
-        row of a draft or of a chunk asking prompt logprobs), in order; None when that is every
+        row of a draft, of a pooling chunk or of a chunk asking prompt logprobs), in order; None when that is every
         row. A step that samples nothing (prefill chunks short of their prompts' ends) keeps its
         last row, so that no op sees zero rows. The model's last layer runs for these alone, as
         llama.cpp's does: 4.6% of Gemma 3's MACs a token, and a global attention layer."""
         rows: list[int] = []
         for first, req in zip(offsets, batch, strict=True):
-            if req.seq.params.prompt_logprobs is not None or req.num_spec_tokens:
+            if req.seq.params.prompt_logprobs is not None or req.num_spec_tokens or req.is_pooling:
                 rows.extend(range(first, first + req.num_new_tokens))
             elif req.is_sampling:
                 rows.append(first + req.num_new_tokens - 1)

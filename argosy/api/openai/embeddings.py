@@ -1,13 +1,17 @@
-"""OpenAI `POST /v1/embeddings` over an embedding model.
+"""OpenAI `POST /v1/embeddings` over an embedding model, or a chat model.
 
 `input`: a string, a list of strings, a list of token ids, or a list of token-id lists (one
 embedding each, `index` in order). `encoding_format`: `float` (default) or `base64` (the
 float32 little-endian bytes, which the openai client asks for by default and decodes).
 `dimensions` is a 400 naming it: the served models cannot be shortened (no Matryoshka
-training declared). An input past the model's length is a 400 naming its index, unless
-`truncate_prompt_tokens` asks to cut it (the leading tokens are kept, with the closing
-special token). Empty strings and empty lists are 400s. A chat model named here is a 400
-naming the model's kind (the registry checks it before anything loads).
+training declared, and a chat model's mean-pooled hidden state has none either: its leading
+values are not an embedding of their own). An input past the model's length is a 400 naming
+its index, unless `truncate_prompt_tokens` asks to cut it (the leading tokens are kept, with
+an encoder's closing special token). Empty strings and empty lists are 400s. A chat model
+named here answers with its mean-pooled last hidden states (core/embedding_service.py's
+ChatEmbedder); another kind (audio, image) is a 400 naming the model's kind (the registry
+checks it before anything loads). With no `model`, the first embedding model serves, else
+the first chat model.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
 from argosy.api.wire import WireModel
-from argosy.core.embedding_service import EmbeddingService
+from argosy.core.embedding_service import embedder_of
 from argosy.errors import InvalidRequestError
 
 router = APIRouter()
@@ -106,19 +110,20 @@ def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:
 
 class EmbeddingsRoute(ModelRoute[EmbeddingRequest]):
     route = "POST /v1/embeddings"
-    kind = "embedding"
+    kind = ("embedding", "chat")
     body_type = EmbeddingRequest
 
     def qos(self, body: EmbeddingRequest, request: Request) -> str:
         return "interactive"
 
-    async def serve(self, body: EmbeddingRequest, service: EmbeddingService, call: RouteCall) -> Response:
+    async def serve(self, body: EmbeddingRequest, service: object, call: RouteCall) -> Response:
+        embedder = embedder_of(service)
         items = body.inputs()
         texts = [item for item in items if isinstance(item, str)]
-        tokenized = iter(service.tokenize(texts)) if texts else iter(())
+        tokenized = iter(embedder.tokenize(texts)) if texts else iter(())
         token_ids = [next(tokenized) if isinstance(item, str) else item for item in items]
-        token_ids = service.check_lengths(token_ids, "input", body.truncate_prompt_tokens, body.is_single)
-        result = await service.embed(token_ids)
+        token_ids = embedder.check_lengths(token_ids, "input", body.truncate_prompt_tokens, body.is_single)
+        result = await embedder.embed(token_ids)
         data = [
             {"object": "embedding", "index": index, "embedding": _encoded(vector, body.encoding_format)}
             for index, vector in enumerate(result.vectors)
