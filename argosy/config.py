@@ -183,7 +183,7 @@ def _in(value: float | None, low: float, high: float) -> bool:
     return value is None or low <= value <= high
 
 
-MODEL_KINDS = ("chat", "embedding", "transcription", "speech", "image")
+MODEL_KINDS = ("chat", "embedding", "rerank", "transcription", "speech", "image")
 
 
 @dataclass(slots=True)
@@ -193,7 +193,7 @@ class ModelSpec:
 
     id: str  # what clients name
     source: str  # a registered name (smollm2, minilm), a .gguf file or a model folder
-    kind: str = "chat"  # chat | embedding | transcription | speech | image
+    kind: str = "chat"  # chat | embedding | rerank | transcription | speech | image
     aliases: tuple[str, ...] = ()
     quantization: str | None = None
     compile: str | None = None
@@ -249,6 +249,9 @@ class ServerConfig:
     # engine outputs (about a token each) a streaming client may leave unread before its
     # generation is stopped ("length", x-argosy-degraded: slow_reader): bounds its memory
     max_stream_buffer: int = 4096
+    # seconds without a frame before an OpenAI SSE stream sends a `: keep-alive` comment (a long
+    # prefill, a queue): proxies with idle timeouts keep the stream; 0: off
+    sse_keepalive_s: float = 15.0
     # Model registry (argosy/core/registry.py)
     max_loaded_models: int | None = None  # None: no limit; past it the least recently used goes
     max_loaded_memory: int | None = None  # bytes of loaded models (weights + KV) before LRU unloads
@@ -273,6 +276,7 @@ class ServerConfig:
     max_audio_seconds: float = 1800.0  # audio one transcription request may hold; longer: a job
     max_speech_chars: int = 4096  # text one speech request may hold (OpenAI's limit); longer: a job
     max_audio_jobs: int = 16  # audio jobs waiting or running; past it a new one gets 503
+    max_rerank_documents: int = 1000  # documents one rerank request (pairs one score request) may hold
     events_log: str | None = None  # request events as JSON lines (rotated)
     events_log_max_bytes: int = 64 * 1024 * 1024
     events_ring_size: int = 1000  # the last N requests kept in memory (the console reads them)
@@ -300,6 +304,8 @@ class ServerConfig:
             raise InvalidRequestError("max_queued_requests must be at least 0", "max_queued_requests")
         if self.request_timeout <= 0:
             raise InvalidRequestError("request_timeout must be positive", "request_timeout")
+        if self.sse_keepalive_s < 0:
+            raise InvalidRequestError("sse_keepalive_s must be >= 0 (0: off)", "sse_keepalive_s")
         if self.max_stream_buffer < 1:
             raise InvalidRequestError("max_stream_buffer must be at least 1", "max_stream_buffer")
         if self.max_loaded_models is not None and self.max_loaded_models < 1:
@@ -334,6 +340,8 @@ class ServerConfig:
             raise InvalidRequestError("max_speech_chars must be at least 1", "max_speech_chars")
         if self.max_audio_jobs < 1:
             raise InvalidRequestError("max_audio_jobs must be at least 1", "max_audio_jobs")
+        if self.max_rerank_documents < 1:
+            raise InvalidRequestError("max_rerank_documents must be at least 1", "max_rerank_documents")
         if self.events_ring_size < 0:
             raise InvalidRequestError("events_ring_size must be >= 0", "events_ring_size")
         if self.console_body_bytes < 0:

@@ -227,9 +227,10 @@ def _resolve_truncation(
 def _resolve_repetition_penalty(
     request: RequestSampling, operator: OperatorSampling, model: ModelSamplingDefaults
 ) -> float:
+    """The first level that sets it; 0 is "off" (llama.cpp's and Ollama's spelling), i.e. 1.0."""
     for value in (request.repetition_penalty, operator.repetition_penalty, model.repetition_penalty):
         if value is not None:
-            return value
+            return value if value != 0.0 else FALLBACK_REPETITION_PENALTY
     return FALLBACK_REPETITION_PENALTY
 
 

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Scope
 
-from argosy.api import admin, console, metrics
+from argosy.api import admin, console, metrics, rerank
 from argosy.api import tokenizer as tokenizer_routes
 from argosy.api.anthropic import messages as anthropic_messages
 from argosy.api.errors import (
@@ -31,6 +31,7 @@ from argosy.api.errors import (
 from argosy.api.gate import Gate, GateMiddleware
 from argosy.api.ollama import generate as ollama_generate
 from argosy.api.ollama import models as ollama_models
+from argosy.api.ollama import pull as ollama_pull
 from argosy.api.openai import audio_jobs as openai_audio_jobs
 from argosy.api.openai import chat as openai_chat
 from argosy.api.openai import completions as openai_completions
@@ -172,6 +173,10 @@ LARGE_BODY_PATHS = frozenset(
         "/v1/embeddings",
         "/api/embed",
         "/api/embeddings",
+        "/v1/rerank",
+        "/rerank",
+        "/v2/rerank",
+        "/v1/score",
         "/tokenize",
         "/detokenize",
     }
@@ -185,7 +190,13 @@ AUDIO_BODY_PATHS = frozenset(
 IMAGE_BODY_PATHS = frozenset({"/v1/images/generations"})
 MAX_IMAGE_BODY_BYTES = 64 * 1024
 # what a browser page may read of a response (CORS)
-EXPOSED_HEADERS = ["x-request-id", "x-argosy-degraded", "x-argosy-sampling", "retry-after"]
+EXPOSED_HEADERS = [
+    "x-request-id",
+    "x-argosy-degraded",
+    "x-argosy-sampling",
+    "x-argosy-session-id",
+    "retry-after",
+]
 
 # the routes that answer in Anthropic's error envelope; Ollama's: everything under /api/
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
@@ -265,6 +276,7 @@ def build_app(
             openai_completions,
             openai_responses,
             openai_embeddings,
+            rerank,
             openai_transcriptions,
             openai_speech,
             openai_audio_jobs,
@@ -275,6 +287,7 @@ def build_app(
             anthropic_messages,
             ollama_generate,
             ollama_models,
+            ollama_pull,
         )
     ]
     for router in routers:

@@ -6,6 +6,11 @@ failure after the first byte went out cannot change the status any more: it beco
 framed `event: error\\ndata: {"error": {...}}\\n\\n`, and no `[DONE]` follows it, so a client
 never mistakes a broken stream for a finished one.
 
+While a stream has nothing to send for a while (a long prefill, a queue), its chunks may hold
+a None: framed as the SSE comment `: keep-alive` (KEEPALIVE_FRAME), so a proxy with an idle
+timeout keeps the connection; clients skip comments (`keepalive_events` makes the Nones from
+a CoreStream, every `--sse-keepalive-s` seconds without output).
+
 What a stream could not honour but only learned once under way (its headers are gone: a
 request timeout, say) is named in an SSE comment just before `[DONE]`:
 `: x-argosy-degraded: request_timeout` (clients skip comments; people and proxies read them).
@@ -15,19 +20,22 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, cast
 
 import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Send
 
 from argosy.api.errors import internal_error
+from argosy.chat.events import Event
+from argosy.core.stream import CoreStream
 from argosy.errors import ArgosyError
 
 log = logging.getLogger("argosy.api")
 
 DONE_FRAME = b"data: [DONE]\n\n"
+KEEPALIVE_FRAME = b": keep-alive\n\n"
 
 
 def _json(payload: Any) -> bytes:
@@ -50,8 +58,17 @@ def degraded_comment(fields: list[str]) -> bytes:
     return b": x-argosy-degraded: " + ", ".join(fields).encode("utf-8") + b"\n\n"
 
 
+def keepalive_events(stream: CoreStream, every_s: float) -> AsyncGenerator[Event | None, None]:
+    """`stream`'s events, with a None whenever none came for `every_s` seconds (0: never),
+    the stream's own heartbeat (as Anthropic's `ping`). Close it (contextlib.aclosing) before
+    the stream ends, so its wait ends before the engine requests are aborted."""
+    if every_s > 0:
+        return stream.with_heartbeats(every_s)
+    return cast(AsyncGenerator[Event | None, None], aiter(stream))
+
+
 async def sse_frames(
-    chunks: AsyncIterator[dict[str, Any]],
+    chunks: AsyncIterator[dict[str, Any] | None],
     render_error: Callable[[ArgosyError], dict[str, Any]],
     degraded: list[str] | None = None,
     *,
@@ -60,10 +77,13 @@ async def sse_frames(
 ) -> AsyncIterator[bytes]:
     """Frame each chunk; end with [DONE] (unless `done` is False), or with one error frame if
     `chunks` raised. `event_key`: name each frame's event by that field of its payload
-    (`event: response.created`), as the Responses and Anthropic streams do. `degraded` is
-    read at the end (the stream fills it as it goes)."""
+    (`event: response.created`), as the Responses and Anthropic streams do. A None chunk is a
+    keep-alive comment. `degraded` is read at the end (the stream fills it as it goes)."""
     try:
         async for chunk in chunks:
+            if chunk is None:
+                yield KEEPALIVE_FRAME
+                continue
             yield event_frame(chunk[event_key], chunk) if event_key is not None else data_frame(chunk)
     except ArgosyError as exc:
         yield error_frame(render_error(exc))

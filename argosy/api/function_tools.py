@@ -84,12 +84,15 @@ def tool_choice_from_wire(value: Any) -> ToolChoice:
         return ToolChoice("auto")
     if value in ("none", "required"):
         return ToolChoice(value)
-    if isinstance(value, dict) and value.get("type") == "function":
+    # OpenAI's {"type": "function", "function": {"name": ...}}; also the shorthands
+    # {"name": ...} and {"type": "function", "name": ...} (the Responses API's), as the reference took
+    if isinstance(value, dict) and value.get("type", "function") == "function":
         function = value.get("function")
-        name = function.get("name") if isinstance(function, dict) else None
+        name = function.get("name") if isinstance(function, dict) else value.get("name")
         if isinstance(name, str) and name:
             return ToolChoice("named", name)
     raise _refuse(
         "tool_choice",
-        'expected "auto", "none", "required" or {"type": "function", "function": {"name": ...}}',
+        'expected "auto", "none", "required", {"type": "function", "function": {"name": ...}} '
+        'or {"name": ...}',
     )

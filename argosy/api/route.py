@@ -23,6 +23,8 @@ from starlette.responses import Response
 
 from argosy.api.framing import SSEResponse
 from argosy.api.transport import read_model, request_record
+from argosy.config import QOS_CLASSES
+from argosy.core.access_log import tagged_route
 from argosy.core.admission import QOS_HEADER, request_qos
 from argosy.core.events import RequestRecord
 from argosy.core.pipeline import Pipeline, RequestContext
@@ -46,22 +48,38 @@ class RouteCall:
         self.stream: CoreStream | None = None
         self.is_detached = False  # the stream outlives the HTTP response (a background job)
         self.lease_handed_off = False  # a streamed answer without a CoreStream releases it
+        self.log_tags: tuple[str, ...] = ()  # the access log's tags of its route (fim, stream)
 
     @property
     def request_id(self) -> str:
         return self.ctx.request_id
 
     @property
+    def keepalive_s(self) -> float:
+        """Seconds without a frame before an SSE stream sends a keep-alive (0: never)."""
+        config = getattr(self.request.app.state, "server_config", None)
+        return float(getattr(config, "sse_keepalive_s", 0.0))
+
+    @property
     def model_id(self) -> str:
         assert self.ctx.model_id is not None
         return self.ctx.model_id
+
+    def inherit_qos(self, qos: Any) -> None:
+        """Run in `qos`, a parent's class (a continued conversation's), unless the request named
+        its own; the policy hook caps it as it caps a default (a key's highest class)."""
+        if self.ctx.qos_is_explicit or qos not in QOS_CLASSES or qos == self.qos:
+            return
+        self.ctx.qos = qos
+        self.pipeline.policy(self.ctx, self.pipeline.registry.resolve(self.model_id).spec)
+        self.qos = self.ctx.qos
 
     def start(self, core_request: CoreRequest) -> CoreStream:
         """Admit and start a generation on the leased model; the lease and the request's
         'finished' event go with the stream's end."""
         core_request.qos = self.qos
         core_request.request_id = self.ctx.request_id
-        core_request.route = self.ctx.route
+        core_request.route = tagged_route(self.ctx.route, self.log_tags)
         core_request.arrival = self.pipeline.arrival(self.ctx)
         stream: CoreStream = self.lease.service.start(core_request)
         self.stream = stream
@@ -97,7 +115,7 @@ class ModelRoute(Generic[BodyT]):
     `serve`; `check`, `model_name` and `qos` have the common defaults."""
 
     route: ClassVar[str]  # e.g. "POST /v1/chat/completions"
-    kind: ClassVar[str | None] = "chat"  # the model kind it needs (None: any)
+    kind: ClassVar[str | tuple[str, ...] | None] = "chat"  # the model kind(s) it serves (None: any)
     body_type: type[BodyT]
 
     async def read(self, request: Request) -> BodyT:
@@ -115,6 +133,10 @@ class ModelRoute(Generic[BodyT]):
 
     def qos(self, body: BodyT, request: Request) -> str:
         return request_qos(getattr(body, "priority", None), request.headers.get(QOS_HEADER))
+
+    def log_tags(self, body: BodyT) -> tuple[str, ...]:
+        """The access log's tags for this request's line: "stream" for a streamed answer."""
+        return ("stream",) if getattr(body, "stream", False) is True else ()
 
     async def serve(self, body: BodyT, service: Any, call: RouteCall) -> Response:
         raise NotImplementedError
@@ -146,6 +168,7 @@ async def run_route(request: Request, route: ModelRoute[Any]) -> Response:
         ctx.qos_is_explicit = getattr(body, "priority", None) is not None or QOS_HEADER in request.headers
         lease = await pipeline.acquire(ctx, route.model_name(body), route.kind)
         call = RouteCall(request, ctx, pipeline, lease, ctx.qos)
+        call.log_tags = route.log_tags(body)
         response = await route.serve(body, lease.service, call)
     finally:
         if lease is not None and (call is None or (call.stream is None and not call.lease_handed_off)):

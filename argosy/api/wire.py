@@ -140,14 +140,17 @@ async def respond(
     frames: Callable[[], AsyncIterator[bytes]],
     complete: Callable[[], Awaitable[dict[str, Any]]],
     stream_type: type[SSEResponse] = SSEResponse,
+    headers: dict[str, str] | None = None,
 ) -> Response:
     """The answer to a generation: its `frames` (SSE, or `stream_type`'s framing), or the JSON
     `complete` builds (the work cancelled, and 499 answered to nobody, if the client leaves
     first), with `generation_headers`. `degraded` names the fields not honoured; what the
-    stream learns under way (`stream.degraded`) joins them."""
+    stream learns under way (`stream.degraded`) joins them. `headers`: the route's own."""
     if is_streaming:
-        return stream_type(frames(), headers=generation_headers(stream, degraded))
+        return stream_type(frames(), headers={**generation_headers(stream, degraded), **(headers or {})})
     result = await run_unless_disconnected(request, complete())
     if result is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    return JSONResponse(result, headers=generation_headers(stream, degraded + stream.degraded))
+    return JSONResponse(
+        result, headers={**generation_headers(stream, degraded + stream.degraded), **(headers or {})}
+    )

@@ -5,6 +5,12 @@
 
 With speculative decoding on, ` spec=accepted/proposed` (draft tokens) ends the line.
 
+The route carries the request's tags, as the reference's lines do: ` (fim)` for a
+fill-in-the-middle request (its `model=` is the model that served it: a satellite, where the
+requested model has one) and ` (stream)` for a streamed answer, in that order:
+
+    POST /v1/completions (fim) (stream) model=qwen2.5-coder-0.5b prompt=31 ...
+
 Rates measure what was actually done: prefill counts only the prompt tokens that were
 computed (prompt - cached) over the time to first token; decode is the inter-token rate,
 so the tokens that arrived with a choice's first output (and the time before it) are left
@@ -22,6 +28,11 @@ from argosy.chat.events import Usage
 access_log = logging.getLogger("argosy.access")
 
 
+def tagged_route(route: str, tags: tuple[str, ...]) -> str:
+    """`route` as the access log names it: each tag in parentheses after it."""
+    return route + "".join(f" ({tag})" for tag in tags)
+
+
 def prefill_rate(prompt_tokens: int, cached_tokens: int, ttft_s: float | None) -> str:
     prefilled = prompt_tokens - min(cached_tokens, prompt_tokens)
     if ttft_s is None or ttft_s <= 0 or prefilled <= 0:
@@ -30,7 +41,11 @@ def prefill_rate(prompt_tokens: int, cached_tokens: int, ttft_s: float | None) -
 
 
 def decode_rate(num_tokens: int, span_s: float | None) -> str:
-    if span_s is None or span_s <= 0 or num_tokens <= 0:
+    """Tokens per second between the first and the last delivery, or "-" when that cannot be
+    a decode rate: no span, or (the reference's plausibility guard) more tokens than the span
+    has milliseconds, i.e. past 1,000 tok/s: tokens delivered in a burst (a held-back tool call,
+    an accepted draft, a stop string's holdback) rather than decoded one by one."""
+    if span_s is None or span_s <= 0 or num_tokens <= 0 or int(span_s * 1000) < num_tokens:
         return "-"
     return f"{num_tokens / span_s:.1f}"
 

@@ -52,7 +52,9 @@ class Pipeline:
         self.registry = registry
         self.policy = policy or _no_policy
 
-    async def acquire(self, ctx: RequestContext, model_name: str | None, kind: str | None) -> Lease:
+    async def acquire(
+        self, ctx: RequestContext, model_name: str | None, kind: str | tuple[str, ...] | None
+    ) -> Lease:
         """Resolve (404 / wrong kind: no load), the policy, then a lease on the loaded model."""
         entry = self.registry.resolve(model_name, kind)
         self.policy(ctx, entry.spec)

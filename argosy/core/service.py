@@ -35,7 +35,7 @@ from argosy.config import ModelSpec, OperatorSampling, ServerConfig
 from argosy.core.admission import AdmissionQueue
 from argosy.core.channels import ChoiceChannels
 from argosy.core.choice import ChoiceState
-from argosy.core.engine_client import EngineClient, NodeReport, NodeReporting
+from argosy.core.engine_client import EngineClient, NodeReport, NodeReporting, PoolingEngineClient
 from argosy.core.recording import SessionRecorder, new_record
 from argosy.core.stream import CoreRequest, CoreStream
 from argosy.core.token_text import TokenTexts
@@ -79,7 +79,8 @@ class ModelInfo:
     compiled_graphs: int | None = None  # decode graphs compiled in the process so far
     kernels: str | None = None  # the ops its steps run, e.g. native+invariant-avx512-vnni
     deterministic: bool | None = None  # tokens independent of batch, chunking, cache (--numerics invariant)
-    dimensions: int | None = None  # embedding models: the vector's length
+    dimensions: int | None = None  # the embedding's length (a chat model's: its hidden size)
+    pooling: str | None = None  # how its embeddings pool the hidden states (mean, cls, ...)
     memory_bytes: int | None = None  # loaded: weights and buffers (+ KV pool), as allocated
     chat_template_source: str | None = None  # model | models file | built-in (<family>) | None
     tensor_formats: dict[str, str] | None = None  # a GGUF's types per weight role
@@ -237,7 +238,15 @@ class ModelService:
             tensor_formats=description.tensor_formats,
             chat_template_source=self.template_source if self._template is not None else None,
             has_fim=self.fim is not None,
+            # embeddings from this chat model (core/embedding_service.py's ChatEmbedder)
+            dimensions=description.hidden_size if self.can_pool else None,
+            pooling="mean" if self.can_pool else None,
         )
+
+    @property
+    def can_pool(self) -> bool:
+        """Its engine computes embeddings (mean-pooled hidden states): a local one does."""
+        return isinstance(self.client, PoolingEngineClient) and self.description.hidden_size is not None
 
     def engine_stats(self) -> tuple[EngineStats, int]:
         """(engine counters, requests in flight through the engine client)."""
@@ -290,9 +299,10 @@ class ModelService:
             )
         return self._chat_profile
 
-    def encode_fim(self, prefix: str, suffix: str) -> tuple[list[int], list[int]]:
-        """A fill-in-the-middle prompt in the model's own FIM tokens (argosy/chat/fim.py), and
-        the FIM end markers to stop at; a 400 naming `suffix` where the model has none."""
+    def encode_fim(self, prefix: str, suffix: str, mode: str | None = None) -> tuple[list[int], list[int]]:
+        """A fill-in-the-middle prompt in the model's own FIM tokens (argosy/chat/fim.py), in
+        `mode`'s layout where it honours it, and the FIM end markers to stop at; a 400 naming
+        `suffix` where the model has none."""
         if self.fim is None:
             raise InvalidRequestError(
                 f"Model '{self.model_id}' has no fill-in-the-middle tokens, so 'suffix' cannot be served "
@@ -302,7 +312,7 @@ class ModelService:
             )
         description = self.description
         bos = description.bos_token_id if description.add_bos_token else None
-        ids = self.fim.prompt_ids(prefix, suffix, bos)
+        ids = self.fim.prompt_ids(prefix, suffix, bos, mode)
         return ids, list(self.fim.stop_ids)
 
     def encode_rendered(self, text: str) -> list[int]:

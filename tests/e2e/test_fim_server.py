@@ -92,20 +92,34 @@ def client(server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0, timeout=120)
 
 
-def expected(coder_dir: Path, prefix: str, suffix: str, max_tokens: int) -> tuple[list[int], list[int], str]:
-    """(the FIM prompt, the greedy tokens up to a stop, their text) by transformers."""
+def expected(
+    coder_dir: Path, prefix: str, suffix: str, max_tokens: int, mode: str = "psm"
+) -> tuple[list[int], list[int], str]:
+    """(the FIM prompt, the greedy tokens up to a stop, their text) by transformers; `mode`
+    "spm" lays it out suffix first, as StarCoder learnt it: <fim_prefix><fim_suffix>S<fim_middle>P."""
     from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM
 
     tokenizer = Tokenizer.from_file(str(coder_dir / "tokenizer.json"))
     special = {t: tokenizer.token_to_id(t) for t in FIM_TOKENS}
-    prompt = [
-        special["<fim_prefix>"],
-        *tokenizer.encode(prefix, add_special_tokens=False).ids,
-        special["<fim_suffix>"],
-        *tokenizer.encode(suffix, add_special_tokens=False).ids,
-        special["<fim_middle>"],
-    ]
+    prefix_ids = tokenizer.encode(prefix, add_special_tokens=False).ids
+    suffix_ids = tokenizer.encode(suffix, add_special_tokens=False).ids
+    if mode == "spm":
+        prompt = [
+            special["<fim_prefix>"],
+            special["<fim_suffix>"],
+            *suffix_ids,
+            special["<fim_middle>"],
+            *prefix_ids,
+        ]
+    else:
+        prompt = [
+            special["<fim_prefix>"],
+            *prefix_ids,
+            special["<fim_suffix>"],
+            *suffix_ids,
+            special["<fim_middle>"],
+        ]
     model = LlamaForCausalLM.from_pretrained(coder_dir, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False)[
@@ -142,6 +156,26 @@ def test_fim_completion_matches_transformers(client: openai.OpenAI, coder_dir: P
     assert completion.choices[0].finish_reason == ("length" if len(tokens) == 12 else "stop")
 
 
+def test_fim_mode_spm_is_honoured_by_a_starcoder_model(server: ServerProcess, coder_dir: Path) -> None:
+    prompt, _, text = expected(coder_dir, PREFIX, SUFFIX, 8, mode="spm")
+    assert text != expected(coder_dir, PREFIX, SUFFIX, 8)[2]  # the layouts tell apart
+    response = httpx.post(
+        f"{server.base_url}/v1/completions",
+        json={
+            "model": "coder",
+            "prompt": PREFIX,
+            "suffix": SUFFIX,
+            "max_tokens": 8,
+            "temperature": 0,
+            "fim_mode": "spm",
+        },
+        timeout=120,
+    )
+    assert "x-argosy-degraded" not in response.headers  # StarCoder's tokens were trained on both layouts
+    completion = response.json()
+    assert completion["usage"]["prompt_tokens"] == len(prompt) and completion["choices"][0]["text"] == text
+
+
 def test_the_fim_end_marker_stops(client: openai.OpenAI, coder_dir: Path) -> None:
     from tokenizers import Tokenizer
 
@@ -163,7 +197,8 @@ def test_a_satellite_serves_its_models_fim(
     completion = client.completions.create(
         model="smollm2", prompt=PREFIX, suffix=SUFFIX, max_tokens=8, temperature=0
     )
-    assert completion.model == "coder" and completion.choices[0].text == text
+    assert completion.model == "smollm2" and completion.choices[0].text == text  # the model asked for
+    assert (completion.model_extra or {})["fim"] == {"served_by": "coder"}  # and the one that served
     chat = client.completions.create(
         model="smollm2", prompt="The capital of France is", max_tokens=4, temperature=0
     )
@@ -180,6 +215,7 @@ def test_a_satellite_serves_its_models_fim(
         timeout=120,
     ).json()
     assert ollama["model"] == "smollm2" and ollama["response"] == text
+    assert ollama["fim"] == {"served_by": "coder"}
 
 
 def test_fim_refusals(client: openai.OpenAI) -> None:

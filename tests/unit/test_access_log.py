@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from argosy.chat.events import Usage
-from argosy.core.access_log import GenerationTiming, decode_rate, format_line, prefill_rate
+from argosy.core.access_log import GenerationTiming, decode_rate, format_line, prefill_rate, tagged_route
 
 
 @pytest.mark.parametrize(
@@ -78,3 +78,15 @@ def test_the_line() -> None:
 def test_a_line_without_output() -> None:
     line = format_line("POST /v1/completions", "m", Usage(3, 0, 0), GenerationTiming(0.0), "abort", now=1.0)
     assert "ttft=-ms prefill=- tok/s decode=- tok/s total=1000ms finish=abort" in line
+
+
+def test_the_route_carries_the_requests_tags() -> None:
+    assert tagged_route("POST /v1/completions", ()) == "POST /v1/completions"
+    assert tagged_route("POST /v1/completions", ("fim", "stream")) == "POST /v1/completions (fim) (stream)"
+
+
+def test_a_rate_past_one_token_a_millisecond_is_not_believed() -> None:
+    """The reference's guard: 200 tokens in 150 ms came in a burst, not decoded one by one."""
+    assert decode_rate(200, 0.150) == "-"
+    assert decode_rate(150, 0.150) == "1000.0"  # exactly one a millisecond still is
+    assert decode_rate(199, 0.781) == "254.8"

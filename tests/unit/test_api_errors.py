@@ -70,7 +70,7 @@ def test_param_from_loc() -> None:
         ({"messages": USER, "min_p": 1.5}, "min_p"),
         ({"messages": USER, "top_k": -2}, "top_k"),
         ({"messages": USER, "presence_penalty": 3}, "presence_penalty"),
-        ({"messages": USER, "repetition_penalty": 0}, "repetition_penalty"),
+        ({"messages": USER, "repetition_penalty": -0.5}, "repetition_penalty"),
         ({"messages": USER, "repeat_penalty": -1}, "repeat_penalty"),
         ({"messages": USER, "logit_bias": {"5": 150}}, "logit_bias"),
         ({"messages": USER, "logit_bias": {"five": 1}}, "logit_bias"),
@@ -195,9 +195,9 @@ def test_text_parts_join() -> None:
     assert body.messages[0].content == "Hello, world"
 
 
-def test_unknown_fields_are_accepted() -> None:
+def test_unknown_fields_are_accepted_and_named() -> None:
     body = ChatCompletionRequest.model_validate({"messages": USER, "user": "u1", "frobnicate": True})
-    assert body.degraded_fields() == []
+    assert body.degraded_fields() == ["frobnicate"]  # accepted, not silently dropped
 
 
 def test_fields_we_cannot_honour_are_named() -> None:
@@ -242,6 +242,20 @@ def test_suffix_and_best_of() -> None:
     assert caught.value.param == "best_of"
     assert CompletionRequest.model_validate({"prompt": "x", "best_of": 3}).degraded_fields() == ["best_of"]
     assert CompletionRequest.model_validate({"prompt": "x", "n": 2, "best_of": 2}).degraded_fields() == []
+
+
+def test_fim_mode() -> None:
+    for mode in ("psm", "spm"):
+        body = CompletionRequest.model_validate({"prompt": "x", "suffix": "y", "fim_mode": mode})
+        body.check()
+        assert body.degraded_fields() == []  # whether the model honours it is the model's to say
+    with pytest.raises(InvalidRequestError) as caught:
+        CompletionRequest.model_validate({"prompt": "x", "suffix": "y", "fim_mode": "middle"}).check()
+    assert caught.value.param == "fim_mode"
+    # without a suffix there is no gap to lay out
+    assert CompletionRequest.model_validate({"prompt": "x", "fim_mode": "psm"}).degraded_fields() == [
+        "fim_mode"
+    ]
 
 
 @pytest.mark.parametrize(

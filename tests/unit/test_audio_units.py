@@ -206,7 +206,8 @@ def test_audio_kinds_of_sources(tmp_path: object) -> None:
     assert audio_source(str(root / "v.onnx")) is None  # no .onnx.json beside it
     (root / "v.onnx.json").write_text("{}")
     assert audio_kind(str(root / "v.onnx")) == "speech"
-    assert set(AUDIO_REGISTRY) == {"whisper-tiny.en", "piper-joe", "espeak"}
+    assert audio_kind("whisper-base") == "transcription"
+    assert set(AUDIO_REGISTRY) == {"whisper-tiny.en", "whisper-base", "piper-joe", "espeak"}
 
 
 def test_a_missing_audio_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from argosy.chat.fim import fim_dialect
+from argosy.chat.fim import FIM_DEFAULT_MAX_TOKENS, fim_dialect, fim_max_tokens
 
 WORDS = ["def", "f", "(", ")", ":", "return", "x", "<fim_prefix>"]
 
@@ -80,3 +80,41 @@ def test_special_token_text_in_the_users_code_is_not_a_special_token(text: str) 
     specials = ids(tok, "<fim_prefix>", "<fim_suffix>", "<fim_middle>")
     # exactly one of each special: the user's "<fim_…>" became ordinary (here: unknown) tokens
     assert [t for t in prompt if t in specials] == specials
+
+
+def test_fim_mode_lays_out_only_what_the_family_was_trained_on() -> None:
+    star = tokenizer_with(["<fim_prefix>", "<fim_suffix>", "<fim_middle>"])
+    dialect = fim_dialect(star)
+    assert dialect is not None and dialect.modes == ("psm", "spm")
+    assert dialect.honours(None) and dialect.honours("psm") and dialect.honours("spm")
+    # suffix-prefix-middle as StarCoder learnt it: <pre><suf>S<mid>P
+    assert dialect.prompt_ids("def", "return", None, "spm") == ids(
+        star, "<fim_prefix>", "<fim_suffix>", "return", "<fim_middle>", "def"
+    )
+    assert dialect.prompt_ids("def", "return", None, "psm") == dialect.prompt_ids("def", "return", None)
+    qwen = tokenizer_with(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"])
+    dialect = fim_dialect(qwen)
+    assert dialect is not None and dialect.modes == ("psm",) and not dialect.honours("spm")
+    # a layout Qwen never saw is served in its own (the dialect names fim_mode degraded)
+    assert dialect.prompt_ids("def", "return", None, "spm") == dialect.prompt_ids("def", "return", None)
+    codestral = tokenizer_with(["[PREFIX]", "[SUFFIX]"])
+    dialect = fim_dialect(codestral)
+    assert dialect is not None and dialect.honours("spm") and not dialect.honours("psm")
+    assert dialect.prompt_ids("def", "return", None, "psm") == ids(
+        codestral, "[SUFFIX]", "return", "[PREFIX]", "def"
+    )
+
+
+def test_qwen_stops_at_llama_cpps_end_of_generation_set() -> None:
+    ends = ["<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|endoftext|>", "<|im_end|>"]
+    qwen = tokenizer_with(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", *ends, "<|im_start|>"])
+    dialect = fim_dialect(qwen)
+    assert dialect is not None and set(dialect.stop_ids) == set(ids(qwen, *ends))
+
+
+def test_the_fim_default_max_tokens() -> None:
+    assert FIM_DEFAULT_MAX_TOKENS == 128  # the reference's FIM contract
+    assert fim_max_tokens(None, context_length=4096, prompt_len=100) == 128
+    assert fim_max_tokens(None, context_length=4096, prompt_len=4000) == 96  # the room left
+    assert fim_max_tokens(None, context_length=4096, prompt_len=4096) is None  # the usual 400 follows
+    assert fim_max_tokens(512, context_length=4096, prompt_len=100) is None  # the operator's default

@@ -551,7 +551,7 @@ def test_resolved_lists_are_copies() -> None:
         (RequestSampling(top_p=1.5), "top_p"),
         (RequestSampling(top_k=-1), "top_k"),
         (RequestSampling(min_p=1.1), "min_p"),
-        (RequestSampling(repetition_penalty=0.0), "repetition_penalty"),
+        (RequestSampling(repetition_penalty=-0.5), "repetition_penalty"),  # 0 is "off"
         (RequestSampling(logprobs=MAX_LOGPROBS + 1), "logprobs"),
         (RequestSampling(prompt_logprobs=-1), "prompt_logprobs"),
     ],

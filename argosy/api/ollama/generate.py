@@ -17,9 +17,11 @@ An empty `messages` / `prompt` only loads the model (`done_reason: "load"`), or 
 `keep_alive: 0` unloads it (`"unload"`; the registry unloads it once its requests are done).
 `suffix` asks for fill-in-the-middle in the model's own FIM tokens (argosy/chat/fim.py): a
 400 naming it on a model without them; `system`, `think` and `format` do not apply to it and
-are named degraded. Refused with a 400 naming the field: `images` (the served models read
-text only), `width` / `height` / `steps` (no image model
-is configured), `think` on a model that does not reason. What is learned only while
+are named degraded. It runs on the model's satellite where the models file names one (the
+lines still name the requested model; the done line's `fim.served_by` names the one that
+generated), and without `num_predict` stops after 128 tokens (the FIM default). Refused
+with a 400 naming the field: `images` (the served models read text only), `width` /
+`height` / `steps` (no image model is configured), `think` on a model that does not reason. What is learned only while
 streaming (a request timeout) is listed in the last line's `x_argosy_degraded`.
 """
 
@@ -63,6 +65,7 @@ from argosy.chat.events import (
     ToolCallEnd,
     ToolCallStart,
 )
+from argosy.chat.fim import fim_max_tokens
 from argosy.chat.messages import ChatInput, Message
 from argosy.core.admission import QOS_HEADER
 from argosy.core.chat_request import PreparedChat, prepare_chat
@@ -207,6 +210,12 @@ async def generate_to_core(body: GenerateRequest, service: ModelService) -> tupl
     if body.suffix:  # fill in the middle (Ollama's "insert"): the model's own FIM tokens
         ids, stops = service.encode_fim(body.prompt, body.suffix)
         request_sampling.stop_token_ids = [*(request_sampling.stop_token_ids or []), *stops]
+        if body.options is None or body.options.num_predict is None:
+            request_sampling.max_tokens = fim_max_tokens(
+                service.options.operator_sampling.max_tokens,
+                service.description.context_length,
+                len(context) + len(ids),
+            )
         degraded = [name for name in ("system", "think") if getattr(body, name) is not None]
         if body.output_format() is not None:
             degraded.append("format")
@@ -283,6 +292,8 @@ class Reply:
         if not self.is_chat:
             choice = self.stream.choices[0]
             line["context"] = list(choice.prompt_ids) + choice.output_ids
+        if isinstance(self.body, GenerateRequest) and self.body.suffix:
+            line["fim"] = {"served_by": self.call.model_id}  # the satellite, where one served it
         if self.stream.degraded:
             line["x_argosy_degraded"] = list(self.stream.degraded)
         return line
@@ -411,6 +422,9 @@ class GenerateRoute(OllamaRoute[GenerateRequest]):
         if body.suffix and getattr(body, "priority", None) is None and QOS_HEADER not in request.headers:
             return "inline"
         return super().qos(body, request)
+
+    def log_tags(self, body: GenerateRequest) -> tuple[str, ...]:
+        return ("fim", *super().log_tags(body)) if body.suffix else super().log_tags(body)
 
     async def serve(self, body: GenerateRequest, service: ModelService, call: RouteCall) -> Response:
         return await _serve(body, service, call)

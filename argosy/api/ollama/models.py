@@ -3,8 +3,7 @@
 heartbeat).
 
 Models are those configured at start-up (`--model` / `--models`), listed as `name:latest`.
-`/api/pull` of a model this server serves answers success (it is here); every other pull,
-and `/api/push`, `/api/create`, `/api/copy` and `/api/delete`, is a 400 saying that models are
+`/api/pull` is argosy/api/ollama/pull.py (the models Argosy ships in packages); `/api/push`, `/api/create`, `/api/copy` and `/api/delete`, is a 400 saying that models are
 configured locally, in Ollama's `{"error": …}` shape.
 
 `/api/show` loads the model when it is not loaded (its template and capabilities are only
@@ -14,16 +13,17 @@ bytes, which would mean reading gigabytes on every listing). /api/ps lists loade
 with their memory (weights and KV pool) and when the keep-alive unloads them (`expires_at`;
 far in the future when it never does).
 
-Embeddings: `/api/embed` takes `input` (a string or a list), `truncate` (default true: an
-over-long input is cut to the model's limit; false: a 400), and `dimensions` (the vector cut
-to its first N values and L2-normalized again, as Ollama does); `/api/embeddings` the older
+Embeddings, from an embedding model or (as Ollama gives them) a chat model's mean-pooled
+last hidden states: `/api/embed` takes `input` (a string or a list), `truncate` (default true:
+an over-long input is cut to the context, `options.num_ctx` when it is smaller than the
+model's, keeping its leading tokens; false: a 400), and `dimensions` (the vector cut to its
+first N values and L2-normalized again, as Ollama does); `/api/embeddings` the older
 `prompt` → `embedding`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,18 +41,16 @@ from argosy.api.ollama.wire import (
     OllamaRoute,
     Options,
     apply_keep_alive,
-    core_model_name,
     in_seconds,
     nanoseconds,
     parse_keep_alive,
     timestamp,
     wire_model_name,
 )
-from argosy.api.openapi import NDJSON, takes
+from argosy.api.openapi import takes
 from argosy.api.route import RouteCall, run_route
-from argosy.api.transport import read_model
 from argosy.api.wire import WireModel
-from argosy.core.embedding_service import EmbeddingService
+from argosy.core.embedding_service import embedder_of
 from argosy.core.registry import ModelEntry, ModelRegistry
 from argosy.core.service import ModelInfo, ModelService
 from argosy.errors import ArgosyError, InvalidRequestError
@@ -121,6 +119,8 @@ def _details(info: ModelInfo, source: str) -> dict[str, Any]:
 def _capabilities(info: ModelInfo) -> list[str]:
     if info.kind == "embedding":
         return ["embedding"]
+    if info.kind == "rerank":
+        return []  # Ollama names no rerank capability; it generates nothing
     capabilities = ["completion"]
     if info.has_tools:
         capabilities.append("tools")
@@ -217,7 +217,7 @@ class ShowRoute(OllamaRoute[ShowRequest]):
             template = description.chat_template or ""
             stop = [description.eos_token] if description.eos_token else []
             model_info["general.file_type"] = info.quantization
-        elif isinstance(service, EmbeddingService):
+        if info.dimensions is not None:  # a chat model's too (its hidden size), as Ollama shows it
             model_info[f"{arch}.embedding_length"] = info.dimensions
         parameters = _parameters(info, stop)
         modelfile = f"FROM {entry.spec.source}\n"
@@ -247,12 +247,6 @@ async def show(request: Request) -> Response:
 # -- what is configured, not pulled -----------------------------------------------------------
 
 
-class PullRequest(WireModel):
-    model: str | None = None
-    name: str | None = None  # older clients' spelling
-    stream: bool = True
-
-
 def _not_managed(action: str, registry: ModelRegistry) -> JSONResponse:
     served = ", ".join(wire_model_name(e.spec.id) for e in registry.entries)
     error = InvalidRequestError(
@@ -260,20 +254,6 @@ def _not_managed(action: str, registry: ModelRegistry) -> JSONResponse:
         f"(--model / --models), with no model hub. It serves: {served}."
     )
     return JSONResponse({"error": error.message}, status_code=ollama_status_of(error))
-
-
-@router.post("/api/pull")
-@takes(PullRequest, streams=NDJSON, errors="OllamaError")
-async def pull(request: Request) -> Response:
-    registry: ModelRegistry = request.app.state.registry
-    body = await read_model(request, PullRequest)
-    name = core_model_name(body.model or body.name)
-    if name is not None and any(name in entry.spec.names for entry in registry.entries):
-        status = {"status": "success"}
-        if body.stream:
-            return Response(json.dumps(status).encode() + b"\n", media_type=NDJSON)
-        return JSONResponse(status)
-    return _not_managed("pull", registry)
 
 
 @router.post("/api/push")
@@ -341,22 +321,33 @@ def _shortened(vector: list[float], dimensions: int | None) -> list[float]:
     return (cut / norm if norm > 0 else cut).tolist()
 
 
+def _context_of(embedder_limit: int, options: Options | None) -> int:
+    """The tokens an input may take: the model's, or `options.num_ctx` when smaller (Ollama
+    runs the model with that context)."""
+    num_ctx = options.num_ctx if options is not None else None
+    return min(embedder_limit, num_ctx) if num_ctx is not None else embedder_limit
+
+
 class EmbedRoute(OllamaRoute[EmbedRequest]):
     route = "POST /api/embed"
-    kind = "embedding"
+    kind = ("embedding", "chat")
     body_type = EmbedRequest
 
     def qos(self, body: EmbedRequest, request: Request) -> str:
         return "interactive"
 
-    async def serve(self, body: EmbedRequest, service: EmbeddingService, call: RouteCall) -> Response:
+    async def serve(self, body: EmbedRequest, service: object, call: RouteCall) -> Response:
         served_at = time.perf_counter()
         apply_keep_alive(body.keep_alive, call)
+        embedder = embedder_of(service)
         items = body.inputs()
         is_single = isinstance(body.input, str)
-        truncate = service.max_input_tokens if body.truncate else None
-        token_ids = service.check_lengths(service.tokenize(items), "input", truncate, is_single)
-        result = await service.embed(token_ids)
+        limit = _context_of(embedder.max_input_tokens, body.options)
+        token_ids = embedder.tokenize(items)
+        if not body.truncate:
+            _refuse_past(token_ids, limit, "input", is_single)
+        token_ids = embedder.check_lengths(token_ids, "input", limit, is_single)
+        result = await embedder.embed(token_ids)
         now = time.perf_counter()
         return JSONResponse(
             {
@@ -369,18 +360,32 @@ class EmbedRoute(OllamaRoute[EmbedRequest]):
         )
 
 
+def _refuse_past(inputs: list[list[int]], limit: int, param: str, is_single: bool) -> None:
+    """`truncate: false`: an input past the context is a 400 naming it, as Ollama's."""
+    for index, ids in enumerate(inputs):
+        if len(ids) > limit:
+            raise InvalidRequestError(
+                f"the input length exceeds the context length ({len(ids)} tokens > {limit})",
+                param=param if is_single else f"{param}[{index}]",
+                code="context_length_exceeded",
+            )
+
+
 class EmbeddingsRoute(OllamaRoute[EmbeddingsRequest]):
     route = "POST /api/embeddings"
-    kind = "embedding"
+    kind = ("embedding", "chat")
     body_type = EmbeddingsRequest
 
     def qos(self, body: EmbeddingsRequest, request: Request) -> str:
         return "interactive"
 
-    async def serve(self, body: EmbeddingsRequest, service: EmbeddingService, call: RouteCall) -> Response:
+    async def serve(self, body: EmbeddingsRequest, service: object, call: RouteCall) -> Response:
         apply_keep_alive(body.keep_alive, call)
-        token_ids = service.check_lengths(service.tokenize([body.prompt]), "prompt", None, True)
-        result = await service.embed(token_ids)
+        embedder = embedder_of(service)
+        token_ids = embedder.tokenize([body.prompt])
+        _refuse_past(token_ids, _context_of(embedder.max_input_tokens, body.options), "prompt", True)
+        token_ids = embedder.check_lengths(token_ids, "prompt", None, True)
+        result = await embedder.embed(token_ids)
         return JSONResponse({"embedding": result.vectors[0]})
 
 

@@ -145,7 +145,7 @@ class Options(WireModel):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
     stop: StopField = None
-    repeat_penalty: float | None = Field(None, gt=0.0)
+    repeat_penalty: float | None = Field(None, ge=0.0)  # 0: off (as 1.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repeat_last_n: int | None = Field(None, ge=-1)
@@ -251,7 +251,7 @@ class GenerationFields(WireModel):
 class OllamaRoute(ModelRoute[BodyT]):
     """An /api/* model route: `name:latest` names the model `name`."""
 
-    kind: ClassVar[str | None] = "chat"
+    kind: ClassVar[str | tuple[str, ...] | None] = "chat"
 
     def model_name(self, body: BodyT) -> str | None:
         return core_model_name(getattr(body, "model", None))

@@ -13,6 +13,14 @@ then `function.arguments` fragments), then one chunk with its finish_reason; wit
 `stream_options.include_usage` a last chunk with `choices: []` and the usage (earlier chunks
 carry `usage: null`); with `continuous_usage_stats` every chunk carries the usage so far.
 Logprobs ride on the next chunk of their choice (every generated token is reported once).
+While no token is ready (a long prefill, a queue) a `: keep-alive` SSE comment goes out every
+`--sse-keepalive-s` seconds (api/framing.py).
+
+Top-level `enable_thinking` (vLLM's and SGLang's spelling) is a template variable, as in
+`chat_template_kwargs` (whose value wins); named in x-argosy-degraded when the template reads
+none. Every field this server does not know is named in x-argosy-degraded. A stored completion
+(`store: true`) answers with its session's id in the `x-argosy-session-id` header and in the
+completion's `metadata.argosy_session_id` (with the request's own `metadata`).
 
 The completion and every chunk carry `system_fingerprint`: the model's configuration as it
 bears on the numerics (ModelService.system_fingerprint: weights, dtype, compiled decode,
@@ -21,6 +29,8 @@ kernels); the sampling used is in the `x-argosy-sampling` header (api/wire.py).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -31,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from starlette.requests import Request
 from starlette.responses import Response
 
-from argosy.api.framing import sse_frames
+from argosy.api.framing import keepalive_events, sse_frames
 from argosy.api.openai.chat_input import chat_input_from_wire
 from argosy.api.openai.common import (
     SamplingFields,
@@ -41,7 +51,7 @@ from argosy.api.openai.common import (
 from argosy.api.openai.content import text_of_parts
 from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
-from argosy.api.wire import respond, token_logprob_json
+from argosy.api.wire import named_unknown, respond, token_logprob_json
 from argosy.chat.events import (
     Event,
     Finish,
@@ -56,13 +66,16 @@ from argosy.chat.messages import ChatInput, check_continuation
 from argosy.core.chat_request import prepare_chat
 from argosy.core.constraints import check_chat_options
 from argosy.core.conversation import chat_message_events
-from argosy.core.recording import SessionSpec
+from argosy.core.recording import SessionRecorder, SessionSpec
 from argosy.core.service import ModelService
 from argosy.core.stream import CollectedChoice, CoreRequest, CoreStream, collect
 from argosy.errors import InvalidRequestError
 from argosy.sampling_params import MAX_LOGPROBS
 
 router = APIRouter()
+log = logging.getLogger("argosy.api")
+# a stored completion's (`store: true`) session: /v1/argosy/sessions/{id} reads it, forks it
+SESSION_HEADER = "x-argosy-session-id"
 
 
 class ChatMessage(BaseModel):
@@ -141,6 +154,9 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     response_format: Any = None
     reasoning_effort: str | None = None  # a template variable (honoured if the template reads it)
+    # Qwen3's switch, as vLLM and SGLang take it at the top level (chat_template_kwargs' wins)
+    enable_thinking: bool | None = None
+    metadata: dict[str, str] | None = None  # kept with a stored completion's session
     # vLLM's: the prompt ends with a new assistant turn (the default), or with no new turn, or
     # with the final assistant message left open and continued (the reply is the continuation)
     add_generation_prompt: bool = True
@@ -167,6 +183,8 @@ class ChatCompletionRequest(SamplingFields):
             kwargs = dict(self.chat_template_kwargs or {})
             if self.reasoning_effort is not None:
                 kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+            if self.enable_thinking is not None:
+                kwargs.setdefault("enable_thinking", self.enable_thinking)
             self._chat = wire_chat_input(
                 self.messages,
                 template_kwargs=kwargs,
@@ -180,7 +198,8 @@ class ChatCompletionRequest(SamplingFields):
         return self._chat
 
     def degraded_fields(self) -> list[str]:
-        """Fields never honoured; those honoured or not depending on the model come from
+        """Fields never honoured, and every field this server does not know (named, not
+        silently dropped); those honoured or not depending on the model come from
         `to_core` (`reasoning_effort` when the template does not read it, a response_format
         a forced call overrides...)."""
         asks = {
@@ -191,7 +210,7 @@ class ChatCompletionRequest(SamplingFields):
             "prediction": self.prediction is not None,
             "web_search_options": self.web_search_options is not None,
         }
-        return [name for name, is_asked in asks.items() if is_asked]
+        return [name for name, is_asked in asks.items() if is_asked] + named_unknown(self.model_extra or {})
 
     @property
     def num_logprobs(self) -> int | None:
@@ -204,6 +223,8 @@ async def to_core(body: ChatCompletionRequest, service: ModelService) -> tuple[C
     degraded = list(prepared.degraded)
     if body.reasoning_effort is not None and not service.chat_profile().reads("reasoning_effort"):
         degraded.append("reasoning_effort")
+    if body.enable_thinking is not None and not service.chat_profile().reads("enable_thinking"):
+        degraded.append("enable_thinking")
     sampling = body.request_sampling(
         max_tokens=body.max_completion_tokens or body.max_tokens, logprobs=body.num_logprobs
     )
@@ -221,8 +242,8 @@ def logprobs_json(entries: list[TokenLogprobs]) -> dict[str, Any]:
 
 
 async def _stream_chunks(
-    body: ChatCompletionRequest, stream: CoreStream, model_id: str, fingerprint: str
-) -> AsyncIterator[dict[str, Any]]:
+    body: ChatCompletionRequest, stream: CoreStream, model_id: str, fingerprint: str, keepalive_s: float
+) -> AsyncIterator[dict[str, Any] | None]:
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     wants_logprobs = body.num_logprobs is not None
@@ -253,24 +274,28 @@ async def _stream_chunks(
                 }
             )
         pending: list[list[TokenLogprobs]] = [[] for _ in stream.choices]  # logprobs not yet sent
-        async for event in stream:
-            if isinstance(event, LogprobsDelta):
-                pending[event.index].extend(event.logprobs)
-                continue
-            delta = _delta_json(event)
-            if delta is None and not isinstance(event, Finish):
-                continue
-            logprobs = None
-            if wants_logprobs and (pending[event.index] or not isinstance(event, Finish)):
-                logprobs, pending[event.index] = logprobs_json(pending[event.index]), []
-            yield chunk(
-                {
-                    "index": event.index,
-                    "delta": delta or {},
-                    "logprobs": logprobs,
-                    "finish_reason": event.reason if isinstance(event, Finish) else None,
-                }
-            )
+        async with contextlib.aclosing(keepalive_events(stream, keepalive_s)) as events:
+            async for event in events:
+                if event is None:
+                    yield None  # nothing for a while: a keep-alive comment
+                    continue
+                if isinstance(event, LogprobsDelta):
+                    pending[event.index].extend(event.logprobs)
+                    continue
+                delta = _delta_json(event)
+                if delta is None and not isinstance(event, Finish):
+                    continue
+                logprobs = None
+                if wants_logprobs and (pending[event.index] or not isinstance(event, Finish)):
+                    logprobs, pending[event.index] = logprobs_json(pending[event.index]), []
+                yield chunk(
+                    {
+                        "index": event.index,
+                        "delta": delta or {},
+                        "logprobs": logprobs,
+                        "finish_reason": event.reason if isinstance(event, Finish) else None,
+                    }
+                )
         if body.include_usage:
             yield {
                 "id": response_id,
@@ -317,11 +342,13 @@ def _message_json(result: CollectedChoice) -> dict[str, Any]:
     return message
 
 
-async def _complete(stream: CoreStream, model_id: str, fingerprint: str) -> dict[str, Any]:
+async def _complete(
+    stream: CoreStream, model_id: str, fingerprint: str, metadata: dict[str, str] | None
+) -> dict[str, Any]:
     async with stream:
         results = await collect(stream)
         usage = stream.usage
-    return {
+    completion = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
@@ -338,6 +365,9 @@ async def _complete(stream: CoreStream, model_id: str, fingerprint: str) -> dict
         ],
         "usage": usage_json(usage),
     }
+    if metadata is not None:
+        completion["metadata"] = metadata
+    return completion
 
 
 class ChatCompletionsRoute(ModelRoute[ChatCompletionRequest]):
@@ -348,13 +378,26 @@ class ChatCompletionsRoute(ModelRoute[ChatCompletionRequest]):
         model_id = call.model_id
         core_request, chat_degraded = await to_core(body, service)
         core_request.batch_invariant = body.batch_invariant
-        core_request.session = SessionSpec(
-            inputs=[chat_message_events(body.messages)],
-            metadata={"kind": "chat.completion", "model": model_id, "request_id": call.request_id},
-            is_ephemeral=not body.store,
+        metadata: dict[str, Any] = {
+            "kind": "chat.completion",
+            "model": model_id,
+            "request_id": call.request_id,
+        }
+        if body.metadata:
+            metadata["metadata"] = body.metadata
+        spec = SessionSpec(
+            inputs=[chat_message_events(body.messages)], metadata=metadata, is_ephemeral=not body.store
         )
+        core_request.session = spec
         stream = call.start(core_request)
         degraded = body.degraded_fields() + chat_degraded
+        try:  # admitted first: a refused request leaves no session behind
+            session_id = await open_stored_session(call, spec) if body.store else None
+        except BaseException:  # cancelled (the client left): the generation never runs
+            stream.close()
+            raise
+        if body.store and session_id is None:
+            degraded.append("store")
         fingerprint = service.system_fingerprint
         return await respond(
             call.request,
@@ -362,10 +405,38 @@ class ChatCompletionsRoute(ModelRoute[ChatCompletionRequest]):
             degraded,
             is_streaming=body.stream,
             frames=lambda: sse_frames(
-                _stream_chunks(body, stream, model_id, fingerprint), render_error, stream.degraded
+                _stream_chunks(body, stream, model_id, fingerprint, call.keepalive_s),
+                render_error,
+                stream.degraded,
             ),
-            complete=lambda: _complete(stream, model_id, fingerprint),
+            complete=lambda: _complete(stream, model_id, fingerprint, _stored_metadata(body, session_id)),
+            headers={SESSION_HEADER: session_id} if session_id is not None else None,
         )
+
+
+async def open_stored_session(call: RouteCall, spec: SessionSpec) -> str | None:
+    """Open a stored completion's session now, holding its input, so its id can go in the
+    answer's headers before the first token (the core appends the output to it); None when
+    the server keeps no sessions or the store failed (logged; the core records as it can)."""
+    recorder: SessionRecorder | None = call.request.app.state.sessions
+    if recorder is None:
+        return None
+    try:
+        session = await recorder.write(
+            "open chat session", recorder.store.create, spec.metadata, spec.is_ephemeral, spec.inputs[0]
+        )
+    except Exception:
+        log.exception("could not open the stored completion's session; serving it")
+        return None
+    spec.session_id, spec.input_end_seq = session.id, session.last_seq
+    return session.id
+
+
+def _stored_metadata(body: ChatCompletionRequest, session_id: str | None) -> dict[str, str] | None:
+    """The completion's `metadata`: a stored one's, with its session's id (None: not stored)."""
+    if session_id is None:
+        return None
+    return {**(body.metadata or {}), "argosy_session_id": session_id}
 
 
 @router.post("/v1/chat/completions")

@@ -60,6 +60,18 @@ def message_from_wire(
     return message
 
 
+# the keys of OpenAI's json_schema object that are not the schema itself
+_JSON_SCHEMA_WRAPPER = frozenset({"name", "description", "strict"})
+
+
+def _inline_schema(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """A json_schema object with no inner `schema` that carries the schema inline
+    (`{"type": "object", "properties": ...}`, as the reference reads it): the schema is the
+    object less OpenAI's wrapper keys; None when nothing else is there."""
+    schema = {key: value for key, value in spec.items() if key not in _JSON_SCHEMA_WRAPPER}
+    return schema or None
+
+
 def output_format_from_wire(value: Any) -> OutputFormat | None:
     if value is None:
         return None
@@ -77,7 +89,7 @@ def output_format_from_wire(value: Any) -> OutputFormat | None:
         raise InvalidRequestError(
             "response_format of type json_schema needs a json_schema object with a schema.", "response_format"
         )
-    schema = spec.get("schema")
+    schema = spec.get("schema") if "schema" in spec else _inline_schema(spec)
     if schema is not None and not isinstance(schema, dict):
         raise _refuse("response_format.json_schema.schema", "expected a JSON schema object")
     name = _optional_str(spec.get("name"), "response_format.json_schema.name")

@@ -71,8 +71,8 @@ class SamplingFields(WireModel):
     seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(
-        None, gt=0.0, validation_alias=AliasChoices("repetition_penalty", "repeat_penalty")
+    repetition_penalty: float | None = Field(  # 0: off (as 1.0), llama.cpp's spelling
+        None, ge=0.0, validation_alias=AliasChoices("repetition_penalty", "repeat_penalty")
     )
     logit_bias: LogitBiasField = None
     stop: StopField = None

@@ -7,10 +7,19 @@ logprob, the chosen token always included), `text_offset` (character offsets int
 returned `text`) — and `"".join(tokens)` is exactly `text`. With `echo` the prompt comes
 first: one entry per prompt token, the first with a null logprob. Completions and chunks
 carry `system_fingerprint` (ModelService.system_fingerprint), as chat's do.
+
+`suffix` asks for fill-in-the-middle (argosy/chat/fim.py): each prompt is the text before the
+gap, laid out in the model's own FIM tokens and stopped at its FIM end markers; it runs with
+QoS inline, on the model's satellite where the models file names one. Its `max_tokens`
+defaults to 128 (the reference's FIM contract; 16 otherwise). `fim_mode` ("psm" / "spm") picks
+the layout where the model was trained on it, else it is named in x-argosy-degraded. The
+answer's `model` is the requested model; `fim.served_by` (on the answer, or on each streamed
+finish chunk) names the model that generated it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,7 +30,7 @@ from pydantic import BeforeValidator, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from argosy.api.framing import sse_frames
+from argosy.api.framing import keepalive_events, sse_frames
 from argosy.api.openai.common import (
     SamplingFields,
     render_error,
@@ -29,8 +38,9 @@ from argosy.api.openai.common import (
 )
 from argosy.api.openapi import takes
 from argosy.api.route import ModelRoute, RouteCall, run_route
-from argosy.api.wire import finite_logprob, respond
+from argosy.api.wire import finite_logprob, named_unknown, respond
 from argosy.chat.events import Finish, PromptEcho, TextDelta, TokenLogprobs
+from argosy.chat.fim import FIM_MODES, fim_max_tokens
 from argosy.core.admission import QOS_HEADER
 from argosy.core.recording import SessionSpec
 from argosy.core.registry import ModelRegistry
@@ -73,6 +83,7 @@ class CompletionRequest(SamplingFields):
     # OpenAI's (and vLLM's) default for the legacy endpoint: 16 tokens, not the rest of the context
     max_tokens: int | None = Field(16, ge=1)
     suffix: str | None = None
+    fim_mode: str | None = None  # "psm" | "spm": the FIM layout (argosy/chat/fim.py)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = Field(None, ge=1)
@@ -88,6 +99,11 @@ class CompletionRequest(SamplingFields):
                 "With 'suffix' (fill-in-the-middle) the prompt is the text before the gap, not token ids.",
                 param="suffix",
             )
+        if self.fim_mode is not None and self.fim_mode not in FIM_MODES:
+            raise InvalidRequestError(
+                f"fim_mode must be one of {', '.join(map(repr, FIM_MODES))}, got {self.fim_mode!r}.",
+                param="fim_mode",
+            )
         if self.is_fim and self.echo:
             raise InvalidRequestError(
                 "'echo' cannot be combined with 'suffix': a fill-in-the-middle prompt is not the text sent.",
@@ -100,17 +116,33 @@ class CompletionRequest(SamplingFields):
 
     def degraded_fields(self) -> list[str]:
         # best_of > n would generate best_of samples and return the n best: we return n samples.
-        return ["best_of"] if self.best_of is not None and self.best_of > self.n else []
+        # Any field this server does not know is named too, not silently dropped.
+        best_of = ["best_of"] if self.best_of is not None and self.best_of > self.n else []
+        # fim_mode without a suffix: there is no gap to lay out
+        fim_mode = ["fim_mode"] if self.fim_mode is not None and not self.is_fim else []
+        return best_of + fim_mode + named_unknown(self.model_extra or {})
+
+    def fim_degraded(self, service: ModelService) -> list[str]:
+        """fim_mode when the model serving the gap was not trained on that layout."""
+        fim = service.fim
+        return ["fim_mode"] if self.is_fim and fim is not None and not fim.honours(self.fim_mode) else []
 
 
 def to_core(body: CompletionRequest, service: ModelService) -> CoreRequest:
     stops: list[int] = []
+    max_tokens = body.max_tokens
     if body.suffix is not None:  # fill in the middle: each prompt is the text before the gap
-        fim = [service.encode_fim(str(p), body.suffix) for p in body.prompt]
+        fim = [service.encode_fim(str(p), body.suffix, body.fim_mode) for p in body.prompt]
         prompts, stops = [ids for ids, _ in fim], fim[0][1]
+        if "max_tokens" not in body.model_fields_set:
+            max_tokens = fim_max_tokens(
+                service.options.operator_sampling.max_tokens,
+                service.description.context_length,
+                max(len(ids) for ids in prompts),
+            )
     else:
         prompts = [service.encode_text(p) if isinstance(p, str) else p for p in body.prompt]
-    sampling = body.request_sampling(max_tokens=body.max_tokens, logprobs=body.logprobs)
+    sampling = body.request_sampling(max_tokens=max_tokens, logprobs=body.logprobs)
     sampling.stop_token_ids = [*(sampling.stop_token_ids or []), *stops]
     if body.echo and body.logprobs is not None:
         sampling.prompt_logprobs = body.logprobs
@@ -159,8 +191,13 @@ def _merge(first: dict[str, Any] | None, second: dict[str, Any]) -> dict[str, An
 
 
 async def _stream_chunks(
-    body: CompletionRequest, stream: CoreStream, model_id: str, fingerprint: str
-) -> AsyncIterator[dict[str, Any]]:
+    body: CompletionRequest,
+    stream: CoreStream,
+    model_id: str,
+    fingerprint: str,
+    keepalive_s: float,
+    fim: dict[str, Any] | None = None,
+) -> AsyncIterator[dict[str, Any] | None]:
     response_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     wants_logprobs = body.logprobs is not None
@@ -181,16 +218,19 @@ async def _stream_chunks(
             payload["usage"] = usage_json(stream.usage)
         return payload
 
-    async with stream:
-        async for event in stream:
-            if isinstance(event, PromptEcho | TextDelta):
+    async with stream, contextlib.aclosing(keepalive_events(stream, keepalive_s)) as events:
+        async for event in events:
+            if event is None:
+                yield None  # nothing for a while: a keep-alive comment
+            elif isinstance(event, PromptEcho | TextDelta):
                 logprobs = (
                     legacy_logprobs(event.logprobs or [], num_chars[event.index]) if wants_logprobs else None
                 )
                 num_chars[event.index] += len(event.text)
                 yield chunk(event.index, event.text, logprobs, None)
             elif isinstance(event, Finish):
-                yield chunk(event.index, "", None, event.reason)
+                finish = chunk(event.index, "", None, event.reason)
+                yield finish if fim is None else finish | {"fim": fim}
         if body.include_usage:
             yield {
                 "id": response_id,
@@ -204,7 +244,11 @@ async def _stream_chunks(
 
 
 async def _complete(
-    body: CompletionRequest, stream: CoreStream, model_id: str, fingerprint: str
+    body: CompletionRequest,
+    stream: CoreStream,
+    model_id: str,
+    fingerprint: str,
+    fim: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     async with stream:
         results = await collect(stream)
@@ -226,7 +270,7 @@ async def _complete(
                 "finish_reason": r.finish_reason,
             }
         )
-    return {
+    answer = {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
         "created": int(time.time()),
@@ -235,6 +279,7 @@ async def _complete(
         "choices": choices,
         "usage": usage_json(usage),
     }
+    return answer if fim is None else answer | {"fim": fim}
 
 
 class CompletionsRoute(ModelRoute[CompletionRequest]):
@@ -253,22 +298,29 @@ class CompletionsRoute(ModelRoute[CompletionRequest]):
             return "inline"  # an editor's completion: a person is waiting on every keystroke
         return super().qos(body, request)
 
+    def log_tags(self, body: CompletionRequest) -> tuple[str, ...]:
+        return ("fim", *super().log_tags(body)) if body.is_fim else super().log_tags(body)
+
     async def serve(self, body: CompletionRequest, service: ModelService, call: RouteCall) -> Response:
-        model_id = call.model_id
         core_request = to_core(body, service)
         core_request.batch_invariant = body.batch_invariant
-        core_request.session = _session_spec(body, model_id, call.request_id)
+        core_request.session = _session_spec(body, call.model_id, call.request_id)
         stream = call.start(core_request)
         fingerprint = service.system_fingerprint
+        # the answer names the model asked for; a gap a satellite filled says so in `fim`
+        model_id = self.registry.resolve(body.model, "chat").spec.id if body.is_fim else call.model_id
+        fim = {"served_by": call.model_id} if body.is_fim else None
         return await respond(
             call.request,
             stream,
-            body.degraded_fields(),
+            body.degraded_fields() + body.fim_degraded(service),
             is_streaming=body.stream,
             frames=lambda: sse_frames(
-                _stream_chunks(body, stream, model_id, fingerprint), render_error, stream.degraded
+                _stream_chunks(body, stream, model_id, fingerprint, call.keepalive_s, fim),
+                render_error,
+                stream.degraded,
             ),
-            complete=lambda: _complete(body, stream, model_id, fingerprint),
+            complete=lambda: _complete(body, stream, model_id, fingerprint, fim),
         )
 
 

@@ -12,10 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from argosy.core.registry import ModelRegistry
+from argosy.api.openapi import takes
+from argosy.api.transport import read_model
+from argosy.api.wire import WireModel
+from argosy.core.registry import ModelEntry, ModelRegistry
 from argosy.core.service import ModelInfo
 from argosy.errors import NotFoundError
 
@@ -38,7 +42,14 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
         "error": info.error,
     }
     if info.kind == "embedding":
-        capabilities |= {"embeddings": True, "dimensions": info.dimensions}
+        capabilities |= {
+            "embeddings": True,
+            "dimensions": info.dimensions,
+            "embedding_dimensions": info.dimensions,
+            "pooling": info.pooling,
+        }
+    elif info.kind == "rerank":
+        capabilities |= {"tasks": ["rerank", "score"]}
     elif info.kind in AUDIO_KINDS:
         capabilities |= {
             "modalities": ["audio", "text"],
@@ -63,6 +74,8 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "fill_in_the_middle": info.has_fim,
             "quantization": info.quantization,
             "sampling_defaults": info.sampling_defaults,
+            # a request without max_tokens: this default, or None: to the end of the context
+            "default_max_tokens": info.sampling_defaults.get("max_tokens"),
             "speculative_decoding": info.speculative,
             "weights": info.weights,
             "tensor_formats": info.tensor_formats,
@@ -71,6 +84,10 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "compiled_graphs": info.compiled_graphs,
             "kernels": info.kernels,
             "deterministic": info.deterministic,
+            # /v1/embeddings of a chat model: its last hidden states, mean-pooled (null: unloaded)
+            "embeddings": info.pooling is not None,
+            "embedding_dimensions": info.dimensions,
+            "pooling": info.pooling,
         }
     return {
         "id": info.id,
@@ -107,19 +124,49 @@ async def list_audio_models(request: Request) -> JSONResponse:
     return JSONResponse({"object": "list", "data": [model_json(registry.info(e)) for e in entries]})
 
 
-@router.get("/v1/audio/models/{model_id:path}")
-async def retrieve_audio_model(request: Request, model_id: str) -> JSONResponse:
-    registry: ModelRegistry = request.app.state.registry
+def _audio_entry(registry: ModelRegistry, model_id: str, param: str | None = None) -> ModelEntry:
+    """The configured audio model `model_id` names (404 for an unknown or a non-audio one)."""
     try:
         entry = registry.resolve(model_id)
     except NotFoundError as exc:
-        exc.param = None
+        exc.param = param
         raise
     if entry.spec.kind not in AUDIO_KINDS:
         raise NotFoundError(
-            f"'{model_id}' is a {entry.spec.kind} model, not an audio model.", code="not_audio_model"
+            f"'{model_id}' is a {entry.spec.kind} model, not an audio model.", param, code="not_audio_model"
         )
+    return entry
+
+
+@router.get("/v1/audio/models/{model_id:path}")
+async def retrieve_audio_model(request: Request, model_id: str) -> JSONResponse:
+    registry: ModelRegistry = request.app.state.registry
+    return JSONResponse(model_json(registry.info(_audio_entry(registry, model_id))))
+
+
+class AudioModelLoad(WireModel):
+    model: str = Field(min_length=1)  # a configured audio model's id or alias
+
+
+@router.post("/v1/audio/models")
+@takes(AudioModelLoad)
+async def load_audio_model(request: Request) -> JSONResponse:
+    """Load a configured audio model now (the reference server's path; the same as
+    POST /v1/argosy/models/{id}/load for an audio model); answers once it serves."""
+    registry: ModelRegistry = request.app.state.registry
+    body = await read_model(request, AudioModelLoad)
+    entry = _audio_entry(registry, body.model, "model")
+    (await registry.acquire(entry)).release()
     return JSONResponse(model_json(registry.info(entry)))
+
+
+@router.delete("/v1/audio/models/{model_id:path}")
+async def unload_audio_model(request: Request, model_id: str) -> JSONResponse:
+    """Unload an audio model once its in-flight requests are done (the reference server's
+    path; as POST /v1/argosy/models/{id}/unload). Its configuration stays: the next request
+    loads it again."""
+    registry: ModelRegistry = request.app.state.registry
+    return await _unload(registry, _audio_entry(registry, model_id))
 
 
 def _entry(request: Request, model_id: str) -> Any:
@@ -145,7 +192,10 @@ async def load_model(request: Request, model_id: str) -> JSONResponse:
 async def unload_model(request: Request, model_id: str) -> JSONResponse:
     """Unload a model once its in-flight requests are done (the next request loads it again)."""
     registry: ModelRegistry = request.app.state.registry
-    entry = _entry(request, model_id)
+    return await _unload(registry, _entry(request, model_id))
+
+
+async def _unload(registry: ModelRegistry, entry: ModelEntry) -> JSONResponse:
     was_loaded = entry.state == "loaded"
     await registry.unload(entry, reason="asked over HTTP")
     return JSONResponse(

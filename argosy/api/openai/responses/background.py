@@ -47,13 +47,14 @@ class BackgroundJob:
     def is_done(self) -> bool:
         return self.finished_at is not None
 
-    def run(self, events: AsyncIterator[dict[str, Any]]) -> None:
+    def run(self, events: AsyncIterator[dict[str, Any] | None]) -> None:
         self.task = asyncio.create_task(self._run(events), name=f"background-{self.key}")
 
-    async def _run(self, events: AsyncIterator[dict[str, Any]]) -> None:
+    async def _run(self, events: AsyncIterator[dict[str, Any] | None]) -> None:
         try:
             async for payload in events:
-                await self._append(payload)
+                if payload is not None:  # a keep-alive is for a live reader, not kept
+                    await self._append(payload)
         except asyncio.CancelledError:
             await self._finish("cancelled")
             raise
@@ -93,16 +94,25 @@ class BackgroundJob:
             self.finished_at = time.monotonic()
             self._changed.notify_all()
 
-    async def follow(self, starting_after: int | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def follow(
+        self, starting_after: int | None = None, keepalive_s: float = 0.0
+    ) -> AsyncIterator[dict[str, Any] | None]:
         """The job's events after sequence number `starting_after` (all when None), then the
-        live ones until it ends."""
+        live ones until it ends; a None (a keep-alive) whenever none came for `keepalive_s`
+        seconds (0: never)."""
         position = 0 if starting_after is None else max(0, starting_after + 1)  # never a negative index
         while True:
+            is_idle = False
             async with self._changed:
-                while position >= len(self.events) and not self.is_done:
-                    await self._changed.wait()
+                while position >= len(self.events) and not self.is_done and not is_idle:
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), keepalive_s or None)
+                    except TimeoutError:
+                        is_idle = True
                 pending = self.events[position:]
                 is_done = self.is_done
+            if is_idle and not pending:
+                yield None
             for payload in pending:
                 yield payload
             position += len(pending)

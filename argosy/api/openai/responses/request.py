@@ -15,7 +15,9 @@ none of (tool call results, image urls): accepted, named in x-argosy-degraded as
 `reasoning.encrypted_content` is refused, as is a value OpenAI does not know.
 
 Accepted but not honoured, named in x-argosy-degraded: `include` (but the logprobs),
-`truncation: "auto"`, `background`, `max_tool_calls`, `prompt`; as the model decides,
+`truncation: "auto"`, `background`, `max_tool_calls`, `prompt`, `reasoning.summary` (checked
+against OpenAI's values, a 400 naming it otherwise; no summary is written), any field this
+server does not know; as the model decides,
 `reasoning.effort` (a template that does not read it) and what the chat layer reports
 (`text.format` when a forced call overrides it, `tools` next to a JSON format). Refused:
 `conversation` (use previous_response_id), non-function tools, media parts.
@@ -30,7 +32,7 @@ from pydantic import Field
 
 from argosy.api.openai.common import request_sampling
 from argosy.api.openai.responses.store import StoredResponse
-from argosy.api.wire import WireModel
+from argosy.api.wire import WireModel, named_unknown
 from argosy.chat.messages import ChatInput, Message, OutputFormat, ToolChoice, ToolDefinition
 from argosy.core.chat_request import PreparedChat, prepare_chat
 from argosy.core.constraints import check_chat_options
@@ -49,6 +51,9 @@ _CONTINUED_FROM = ("continued", "extended")
 
 # OpenAI's ReasoningEffort values (passed to a template that reads `reasoning_effort`)
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+# OpenAI's reasoning.summary values (checked, echoed; no summary is written here: degraded)
+REASONING_SUMMARIES = ("auto", "concise", "detailed")
 
 # OpenAI's IncludeEnum: the logprobs are honoured, the encrypted reasoning refused, the rest
 # (what tools this server does not have would return, input image urls) accepted, degraded.
@@ -89,7 +94,7 @@ class ResponsesRequest(WireModel):
     seed: int | None = None
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    repetition_penalty: float | None = Field(None, ge=0.0)  # 0: off (as 1.0)
     ignore_eos: bool = False
     include: list[str] | None = None  # the logprobs honoured; see the module docstring
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # with the logprobs include
@@ -147,7 +152,21 @@ class ResponsesRequest(WireModel):
                 f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}.",
                 "reasoning.effort",
             )
+        for key in ("summary", "generate_summary"):  # the deprecated spelling takes the same values
+            summary = (self.reasoning or {}).get(key)
+            if summary is not None and summary not in REASONING_SUMMARIES:
+                raise InvalidRequestError(
+                    f"reasoning.{key} must be one of {', '.join(REASONING_SUMMARIES)}, got {summary!r}.",
+                    f"reasoning.{key}",
+                )
         check_chat_options(self.tool_definitions(), self.neutral_tool_choice(), self.output_format())
+
+    @property
+    def reasoning_summary(self) -> str | None:
+        """The summary asked for (checked: one of REASONING_SUMMARIES), either spelling."""
+        reasoning = self.reasoning or {}
+        summary = reasoning.get("summary") or reasoning.get("generate_summary")
+        return summary if summary in REASONING_SUMMARIES else None
 
     @property
     def includes_logprobs(self) -> bool:
@@ -175,7 +194,7 @@ class ResponsesRequest(WireModel):
             return ToolChoice(choice or "auto")
         if (
             isinstance(choice, dict)
-            and choice.get("type") == "function"
+            and choice.get("type", "function") == "function"  # {"name": ...}: the shorthand
             and isinstance(choice.get("name"), str)
         ):
             return ToolChoice("named", choice["name"])
@@ -212,8 +231,9 @@ class ResponsesRequest(WireModel):
             "truncation": self.truncation == "auto",
             "max_tool_calls": self.max_tool_calls is not None,
             "prompt": self.prompt is not None,
+            "reasoning.summary": self.reasoning_summary is not None,
         }
-        return [name for name, is_asked in asks.items() if is_asked]
+        return [name for name, is_asked in asks.items() if is_asked] + named_unknown(self.model_extra or {})
 
     def sampling(self) -> RequestSampling:
         logprobs = (self.top_logprobs or 0) if self.includes_logprobs else None
@@ -228,10 +248,7 @@ class ResponsesRequest(WireModel):
             "max_output_tokens": self.max_output_tokens,
             "parallel_tool_calls": self.parallel_tool_calls if self.parallel_tool_calls is not None else True,
             "previous_response_id": self.previous_response_id,
-            "reasoning": {
-                "effort": (self.reasoning or {}).get("effort"),
-                "summary": (self.reasoning or {}).get("summary"),
-            },
+            "reasoning": {"effort": (self.reasoning or {}).get("effort"), "summary": self.reasoning_summary},
             "store": self.store,
             "temperature": self.temperature,
             "text": {"format": self.text_format},

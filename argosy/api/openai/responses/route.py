@@ -2,7 +2,8 @@
 
 A response is a session (responses_store.py). A new conversation creates one holding the
 input; `previous_response_id` forks the previous response's session at its end and appends
-the new input, so the client re-sends nothing and the new prompt extends the previous
+the new input, so the client re-sends nothing (and it runs in the previous response's QoS
+class unless it names its own) and the new prompt extends the previous
 prompt + output token for token (responses_request.build_turn): the engine's prefix cache
 serves those tokens (usage.input_tokens_details.cached_tokens). Two responses may continue the
 same one: each is its own fork. As in OpenAI's API, `instructions` are not carried over: each
@@ -20,6 +21,7 @@ request timeout, learned once under way, ends the stream as an SSE comment (sse.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -31,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from argosy.api.errors import openai_error_body
-from argosy.api.framing import SSEResponse, sse_frames
+from argosy.api.framing import SSEResponse, keepalive_events, sse_frames
 from argosy.api.openai.responses.background import BackgroundJob, BackgroundJobs
 from argosy.api.openai.responses.items import conversation_items, input_events, output_items
 from argosy.api.openai.responses.request import ResponsesRequest, build_turn
@@ -126,6 +128,8 @@ class CreateResponseRoute(ModelRoute[ResponsesRequest]):
                     f"Previous response with id '{body.previous_response_id}' is still in progress.",
                     "previous_response_id",
                 )
+        if previous is not None:  # a fork runs in its parent's QoS class unless it names one
+            call.inherit_qos(previous.metadata.get("qos"))
         turn = await build_turn(service, body, inputs, previous)
         created_at = int(time.time())
         echo = body.echo(model_id, created_at)
@@ -137,6 +141,7 @@ class CreateResponseRoute(ModelRoute[ResponsesRequest]):
             "prompt_source": turn.prompt_source,
             "input_from_seq": input_from,
             "output_from_seq": input_from + len(inputs),
+            "qos": call.qos,  # what a continuation inherits
         }
         spec = SessionSpec(
             inputs=[list(inputs)],
@@ -184,7 +189,8 @@ class CreateResponseRoute(ModelRoute[ResponsesRequest]):
             call.is_detached = True  # the job, not this request, owns the generation now
             if body.stream:
                 return SSEResponse(
-                    _sse(job.follow(), stream.degraded), headers=generation_headers(stream, degraded)
+                    _sse(job.follow(keepalive_s=call.keepalive_s), stream.degraded),
+                    headers=generation_headers(stream, degraded),
                 )
             queued = response_json(response_id, echo, status="queued", output=[], usage=None)
             return JSONResponse(queued, headers=generation_headers(stream, degraded))
@@ -193,7 +199,7 @@ class CreateResponseRoute(ModelRoute[ResponsesRequest]):
             stream,
             degraded,
             is_streaming=body.stream,
-            frames=lambda: _sse(_stream_events(stream, key, echo, flying), stream.degraded),
+            frames=lambda: _sse(_stream_events(stream, key, echo, flying, call.keepalive_s), stream.degraded),
             complete=lambda: _complete(stream, response_id, echo, flying),
         )
 
@@ -238,8 +244,10 @@ def _output_events(stream: CoreStream) -> list[SessionEvent]:
 
 
 async def _stream_events(
-    stream: CoreStream, key: str, echo: dict[str, Any], flying: set[str]
-) -> AsyncIterator[dict[str, Any]]:
+    stream: CoreStream, key: str, echo: dict[str, Any], flying: set[str], keepalive_s: float = 0.0
+) -> AsyncIterator[dict[str, Any] | None]:
+    """The response's stream events; a None (a keep-alive comment) whenever none came for
+    `keepalive_s` seconds (0: never, as for a background job's stored events)."""
     response_id = response_id_of(key)
     renderer = ResponseStreamRenderer(key)
     in_progress = response_json(response_id, echo, status="in_progress", output=[], usage=None)
@@ -247,8 +255,11 @@ async def _stream_events(
     yield renderer.lifecycle("response.in_progress", in_progress)
     flying.add(key)
     try:
-        async with stream:
-            async for event in stream:
+        async with stream, contextlib.aclosing(keepalive_events(stream, keepalive_s)) as events:
+            async for event in events:
+                if event is None:
+                    yield None
+                    continue
                 for payload in renderer.on_event(event):
                     yield payload
     finally:
@@ -261,17 +272,18 @@ async def _stream_events(
     yield renderer.lifecycle(kind, final)
 
 
-def _sse(events: AsyncIterator[dict[str, Any]], late_degraded: list[str]) -> AsyncIterator[bytes]:
+def _sse(events: AsyncIterator[dict[str, Any] | None], late_degraded: list[str]) -> AsyncIterator[bytes]:
     """SSE as OpenAI frames the Responses stream: `event: <type>` + data; no [DONE]. A failure
     is one `error` event (type, code, message, param, sequence_number). What was degraded only
     once under way (`late_degraded`, read at the end: a request timeout) closes the stream as
     an SSE comment."""
     next_number = [0]
 
-    async def numbered() -> AsyncIterator[dict[str, Any]]:
+    async def numbered() -> AsyncIterator[dict[str, Any] | None]:
         try:
             async for payload in events:
-                next_number[0] = payload["sequence_number"] + 1
+                if payload is not None:  # None: a keep-alive
+                    next_number[0] = payload["sequence_number"] + 1
                 yield payload
         finally:
             await events.aclose()  # type: ignore[attr-defined]
@@ -319,7 +331,8 @@ async def retrieve_response(request: Request, response_id: str) -> Response:
                 "longer holds this one's events; retrieve it without 'stream'.",
                 "stream",
             )
-        return SSEResponse(_sse(job.follow(_starting_after(request)), []))
+        keepalive_s = float(getattr(request.app.state.server_config, "sse_keepalive_s", 0.0))
+        return SSEResponse(_sse(job.follow(_starting_after(request), keepalive_s), []))
     in_flight = stored.key in _in_flight(request)
     status = job.status if job is not None and in_flight else "in_progress"
     return JSONResponse(stored_response_json(stored, is_in_flight=in_flight, status_in_flight=status))
