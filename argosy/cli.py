@@ -45,6 +45,8 @@ _BYTE_SIZE_FIELDS = {
     "console_body_bytes",
     "max_audio_body_bytes",
 }
+# `argosy serve` with no model: the real model of the box (SmolLM2 stays the tests' small model)
+DEFAULT_CHAT_MODEL = "qwen2.5-coder-0.5b"
 _SECRET_FIELDS = {"api_key"}  # printed as *** (a key is never printed or logged)
 _DURATION_FIELDS = {
     "session_ttl",
@@ -65,6 +67,8 @@ _HELP = {
     "max_loaded_memory": "bytes of loaded models (weights + KV pool) before the least recently used is unloaded",
     "max_concurrent_loads": "model loads running at once",
     "model_load_timeout": "seconds a request waits for its model to load, then 503 + Retry-After",
+    "sse_keepalive_s": "seconds without a frame before an OpenAI SSE stream sends a ': keep-alive' comment (default 15; 0: off)",
+    "max_rerank_documents": "documents one rerank request (pairs one /v1/score request) may hold (default 1000)",
     "max_stream_buffer": "engine outputs a streaming client may leave unread before its generation is stopped (slow_reader)",
     "api_key": "an API key every route but /health then needs (Authorization: Bearer KEY or x-api-key: KEY); repeatable",
     "api_key_file": "a file of API keys, one per line (keeps them out of the process listing)",
@@ -237,10 +241,11 @@ def _add_server_flags(serve: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="[ID=]SOURCE[:QUANT]",
-        help="a model to serve, repeatable: smollm2, fast=smollm2:int4, minilm (embeddings), "
-        "whisper-tiny.en (transcription), piper-joe or espeak (speech), "
+        help="a model to serve, repeatable: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2, "
+        "fast=smollm2:int4, minilm (embeddings), whisper-tiny.en or whisper-base (transcription), "
+        "piper-joe or espeak (speech), "
         "a .gguf file or a model folder; the first one is loaded at start-up, the others on request "
-        "(default: smollm2)",
+        f"(default: {DEFAULT_CHAT_MODEL})",
     )
     models.add_argument(
         "--models",
@@ -341,11 +346,12 @@ def parse_model_arg(text: str) -> ModelSpec:
 
 
 def model_kind(source: str) -> str:
-    """embedding for a registered embedding name or a sentence-transformers folder; transcription
-    or speech for an audio model (argosy/audio/sources.py); image for a diffusers pipeline
-    folder; else chat."""
+    """embedding for a registered embedding name or a sentence-transformers folder; rerank for a
+    cross-encoder folder (a BERT *ForSequenceClassification); transcription or speech for an
+    audio model (argosy/audio/sources.py); image for a diffusers pipeline folder; else chat."""
     from argosy.audio.sources import audio_kind
     from argosy.images.service import is_diffusers_folder
+    from argosy.models.cross_encoder import is_cross_encoder_folder
     from argosy.models.embedding_source import EMBEDDING_REGISTRY
 
     kind = audio_kind(source)
@@ -356,6 +362,8 @@ def model_kind(source: str) -> str:
 
     if source in EMBEDDING_REGISTRY:
         return "embedding"
+    if is_cross_encoder_folder(source):
+        return "rerank"
     folder = Path(source).expanduser()
     if folder.is_dir() and (
         (folder / "modules.json").exists() or (folder / "sentence_bert_config.json").exists()
@@ -403,11 +411,12 @@ def specs_from_tables(tables: Any, path: str, param: str) -> list[ModelSpec]:
 
 
 def model_specs(model_args: list[str] | None, models_file: str | None) -> list[ModelSpec]:
-    """The configured models: --models' file first, then each --model; smollm2 when none."""
+    """The configured models: --models' file first, then each --model; the default chat model
+    (Qwen2.5-Coder-0.5B, assembled from its packages) when none."""
     specs = models_from_toml(models_file) if models_file else []
     specs += [parse_model_arg(text) for text in model_args or []]
     if not specs:
-        specs = [parse_model_arg("smollm2")]
+        specs = [parse_model_arg(DEFAULT_CHAT_MODEL)]
     return specs
 
 

@@ -57,9 +57,10 @@ def serve(
 
     from argosy.api.app import build_app
     from argosy.api.server import DrainingServer
+    from argosy.core.lifespan import registry_lifespan
     from argosy.core.local import LocalModelLoader
     from argosy.core.recording import open_recorder
-    from argosy.core.registry import ModelRegistry, registry_lifespan
+    from argosy.core.registry import ModelRegistry
     from argosy.process import configure_process
 
     specs = specs or [ModelSpec(id=engine_config.model, source=engine_config.model)]

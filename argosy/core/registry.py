@@ -4,8 +4,9 @@ A model is `unloaded`, `loading`, `loaded`, `unloading` or `failed`. `acquire(na
 resolves a request's `model` (unknown: 404; the wrong kind: 400 naming the model's kind —
 both before any load) and returns a Lease on the loaded model, loading it first if need be:
 concurrent requests for one model wait for one load; at most `max_concurrent_loads` loads
-run at once; a request that would wait past `model_load_timeout` gets 503 + Retry-After
-(the load goes on). A lease is held from acquire until its generation ends; a model is
+run at once, and a request that needs one more while they all run gets 503 + Retry-After at
+once; a request that would wait past `model_load_timeout` gets 503 + Retry-After (the load
+goes on). A lease is held from acquire until its generation ends; a model is
 unloaded only when it holds none.
 
 Room: before a load, past `max_loaded_models` the least recently used unpinned model is
@@ -22,11 +23,10 @@ thread: the registry only orders it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,7 +34,6 @@ from argosy.config import ModelSpec, OperatorSampling
 from argosy.core.service import ModelInfo
 from argosy.engine.arrivals import Arrival
 from argosy.errors import ArgosyError, InvalidRequestError, ModelNotFoundError, ModelUnavailableError
-from argosy.ops.memory import release_free_memory
 from argosy.sampling_params import effective_defaults
 
 log = logging.getLogger("argosy.registry")
@@ -162,9 +161,23 @@ class ModelRegistry:
         self.load_timeout_s = load_timeout_s
         self.keep_alive_s = keep_alive_s
         self.operator_sampling = operator_sampling or OperatorSampling()
+        self.max_concurrent_loads = max_concurrent_loads
         self._load_slots = asyncio.Semaphore(max_concurrent_loads)
+        self._num_loading = 0  # loads started and not ended (a request past the slots: 503)
         self._room_lock = asyncio.Lock()  # one load at a time decides what to unload
         self.on_load_failed: Callable[[ModelEntry], None] | None = None
+
+    def add(self, spec: ModelSpec) -> ModelEntry:
+        """Serve one more model from now on (a pulled one), unloaded until a request names it;
+        a name already served is refused."""
+        taken = [name for name in spec.names if name in self._by_name]
+        if taken:
+            raise InvalidRequestError(f"a served model is already named {taken[0]!r}", "model")
+        entry = ModelEntry(spec, int(time.time()))
+        self.entries.append(entry)
+        for name in spec.names:
+            self._by_name[name] = entry
+        return entry
 
     # -- names -----------------------------------------------------------------------------
     def fim_model(self, name: str | None) -> str | None:
@@ -173,20 +186,28 @@ class ModelRegistry:
         entry = self.resolve(name, "chat")
         return entry.spec.satellite or name
 
-    def resolve(self, name: str | None, kind: str | None = None) -> ModelEntry:
-        """The entry a request's `model` names (None: the first model of `kind`); no load."""
+    def resolve(self, name: str | None, kind: str | tuple[str, ...] | None = None) -> ModelEntry:
+        """The entry a request's `model` names (None: the first model of `kind`, or of the
+        first of several kinds that has one: ("embedding", "chat") for the embedding routes,
+        which a chat model serves too); no load."""
+        kinds = (kind,) if isinstance(kind, str) else kind
         if name is None:
-            for entry in self.entries:
-                if kind is None or entry.spec.kind == kind:
-                    return entry
-            raise InvalidRequestError(f"This server serves no {kind} model.", param="model")
+            for wanted in kinds or (None,):
+                for entry in self.entries:
+                    if wanted is None or entry.spec.kind == wanted:
+                        return entry
+            raise InvalidRequestError(
+                f"This server serves no {' or '.join(kinds or ())} model.", param="model"
+            )
         found = self._by_name.get(name)
         if found is None:
             raise ModelNotFoundError(name, [e.spec.id for e in self.entries])
-        if kind is not None and found.spec.kind != kind:
+        if kinds is not None and found.spec.kind not in kinds:
             article = "an" if found.spec.kind[0] in "aeiou" else "a"
+            needed = " or ".join(kinds)
             raise InvalidRequestError(
-                f"The model '{name}' is {article} {found.spec.kind} model; this route needs a {kind} model.",
+                f"The model '{name}' is {article} {found.spec.kind} model; this route needs "
+                f"{'an' if needed[0] in 'aeiou' else 'a'} {needed} model.",
                 param="model",
                 code="wrong_model_kind",
             )
@@ -237,6 +258,7 @@ class ModelRegistry:
                 await self._wait(entry.unloaded.wait(), entry, deadline)
                 continue
             if entry.state in ("unloaded", "failed"):
+                self._check_load_slot(entry)
                 self._start_load(entry)
             assert entry.loading is not None
             await self._wait(asyncio.shield(entry.loading), entry, deadline)
@@ -258,8 +280,21 @@ class ModelRegistry:
                 retry_after_s=max(1, round(self.load_timeout_s / 4)),
             ) from None
 
+    def _check_load_slot(self, entry: ModelEntry) -> None:
+        """A request that needs a load while every load slot is taken is answered 503 +
+        Retry-After at once rather than queued behind the loads (as the reference bounds its
+        resolutions): a client retries, perhaps elsewhere, instead of holding a connection for
+        up to `model_load_timeout`. A request for a model already loading waits for that load."""
+        if self._num_loading >= self.max_concurrent_loads:
+            raise ModelUnavailableError(
+                f"Model {entry.spec.id!r} is not loaded and every load slot "
+                f"({self.max_concurrent_loads}) is busy loading other models; retry shortly.",
+                retry_after_s=max(1, round(self.load_timeout_s / 4)),
+            )
+
     # -- loading and unloading -----------------------------------------------------------------
     def _start_load(self, entry: ModelEntry) -> None:
+        self._num_loading += 1  # until _load ends (counted now: its task takes the slot later)
         entry.state, entry.error = "loading", None
         entry.unloaded.clear()
         entry.loading = asyncio.get_running_loop().create_future()
@@ -287,6 +322,7 @@ class ModelRegistry:
             if self.on_load_failed is not None:
                 self.on_load_failed(entry)
         finally:
+            self._num_loading -= 1
             future.set_result(None)
         if entry.state == "loaded" and self.max_loaded_memory is not None:
             async with self._room_lock:
@@ -430,63 +466,6 @@ class ModelRegistry:
                 entry.service.shutdown()
                 entry.service = None
                 entry.state = "unloaded"
-
-
-# How often the heap's free pages go back to the OS. Under steady traffic glibc's per-thread
-# arenas keep what requests freed: the 30-minute soak's RSS grew ~2.5 MiB a minute (+5.6%),
-# all of it free heap (one malloc_trim gave back 52 MiB); a trim costs milliseconds.
-TRIM_EVERY_S = 60.0
-
-
-async def maintain(registry: ModelRegistry, preloaded: list[str], every_s: float) -> None:
-    """Forever: restart models whose engine died, unload the idle ones past keep-alive, and
-    give free heap back to the OS every TRIM_EVERY_S."""
-    last_trim = time.monotonic()
-    while True:
-        await asyncio.sleep(every_s)
-        try:
-            await registry.restart_dead(preloaded)
-            await registry.sweep_idle()
-            if time.monotonic() - last_trim >= TRIM_EVERY_S:
-                last_trim = time.monotonic()
-                await asyncio.to_thread(release_free_memory)
-        except Exception:
-            log.exception("registry maintenance failed")
-
-
-class Service(Protocol):
-    """Something of the server's with its own tasks (the audio job queue)."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-def registry_lifespan(
-    registry: ModelRegistry,
-    preloaded: list[str],
-    maintain_every_s: float | None,
-    also: list[Service] | None = None,
-) -> Callable[[Any], contextlib.AbstractAsyncContextManager[None]]:
-    """The server's lifespan: load the start-up models, keep the registry maintained
-    (`maintain_every_s` None: no maintenance task), start `also`; stop all at shutdown."""
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: Any) -> AsyncIterator[None]:
-        tasks = [asyncio.create_task(registry.preload())]
-        if maintain_every_s is not None:
-            tasks.append(asyncio.create_task(maintain(registry, preloaded, maintain_every_s)))
-        for service in also or ():
-            await service.start()
-        try:
-            yield
-        finally:
-            for task in tasks:
-                task.cancel()
-            for service in also or ():
-                await service.stop()
-
-    return lifespan
 
 
 def _replace_info(info: ModelInfo, **changes: Any) -> ModelInfo:

@@ -33,3 +33,21 @@ def client(server: ServerProcess) -> openai.OpenAI:
 def http(server: ServerProcess) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.base_url, timeout=120) as http_client:
         yield http_client
+
+
+# The real model of the box (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, registry name
+# qwen2.5-coder-0.5b): one server for the whole e2e session, shared by every module whose
+# behaviour depends on a real model (tool calls, FIM, factual answers). Its own weights
+# (quantization auto: the file's blocks), eager steps (a compile costs minutes).
+QWEN_SMALL = "qwen2.5-coder-0.5b"
+
+
+@pytest.fixture(scope="session")
+def qwen_server() -> Iterator[ServerProcess]:
+    process = ServerProcess(
+        model=QWEN_SMALL, quantization="auto", compile="off", max_model_len=4096, kv_cache_memory="128M"
+    ).start()
+    try:
+        yield process
+    finally:
+        process.stop()

@@ -16,9 +16,10 @@ import uvicorn
 
 from argosy.api.app import build_app
 from argosy.config import EngineConfig, ModelSpec, ServerConfig
+from argosy.core.lifespan import registry_lifespan
 from argosy.core.local import LocalModelLoader
 from argosy.core.recording import SessionRecorder, open_recorder
-from argosy.core.registry import ModelRegistry, registry_lifespan
+from argosy.core.registry import ModelRegistry
 from tests.e2e.server import free_port
 
 MODEL = "smollm2"

@@ -165,6 +165,7 @@ def test_models_while_loading(client: TestClient) -> None:
     assert model["capabilities"]["loaded"] is False
     assert model["capabilities"]["context_length"] is None
     assert model["capabilities"]["sampling_defaults"] == {"temperature": 0.5}  # only what the operator pins
+    assert model["capabilities"]["default_max_tokens"] is None  # no operator default: to the context's end
     assert client.get("/v1/models/smollm2").json()["id"] == "smollm2"
     assert_openai_error(client.get("/v1/models/other"), 404, code="model_not_found")
 
@@ -268,11 +269,17 @@ def test_the_openapi_document_lists_every_route_with_its_body(client: TestClient
         ("/v1/chat/completions", "post"),
         ("/v1/completions", "post"),
         ("/v1/embeddings", "post"),
+        ("/v1/rerank", "post"),
+        ("/rerank", "post"),
+        ("/v2/rerank", "post"),
+        ("/v1/score", "post"),
         ("/v1/audio/transcriptions", "post"),
         ("/v1/audio/translations", "post"),
         ("/v1/audio/speech", "post"),
         ("/v1/audio/models", "get"),
         ("/v1/audio/models/{model_id}", "get"),
+        ("/v1/audio/models", "post"),
+        ("/v1/audio/models/{model_id}", "delete"),
         ("/v1/audio/generate", "post"),
         ("/v1/images/generations", "post"),
         ("/v1/images/edits", "post"),

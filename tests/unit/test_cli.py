@@ -44,7 +44,7 @@ def test_a_bad_byte_size() -> None:
 
 def test_defaults_come_from_the_dataclasses() -> None:
     engine, server = configs()
-    assert engine.model == "smollm2"
+    assert engine.model == "qwen2.5-coder-0.5b"  # no --model: the default chat model
     assert engine.enable_prefix_caching is True
     assert server.host == "127.0.0.1" and server.port == 8000
     assert server.operator_sampling == OperatorSampling()
@@ -112,7 +112,7 @@ def test_models_are_repeatable_with_ids_and_quantization() -> None:
     assert specs[1].engine_config(engine).quantization == "int4"
     assert specs[0].engine_config(engine).quantization == "auto"  # the flag's default
     _, _, default = configs_and_models()
-    assert [(s.id, s.source) for s in default] == [("smollm2", "smollm2")]
+    assert [(s.id, s.source) for s in default] == [("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b")]
 
 
 def test_served_model_name_renames_the_first_model_and_keeps_its_source_as_alias() -> None:
