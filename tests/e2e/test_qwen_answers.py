@@ -15,7 +15,9 @@ QUESTION = "What is the capital of France? Answer in one sentence."
 
 
 def test_openai_chat_answers_the_fact(qwen_server: ServerProcess) -> None:
-    client = openai.OpenAI(base_url=f"{qwen_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+    client = openai.OpenAI(
+        base_url=f"{qwen_server.base_url}/v1", api_key="unused", max_retries=0, timeout=120
+    )
     reply = client.chat.completions.create(
         model=QWEN_SMALL, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=32
     )
