@@ -246,8 +246,11 @@ class ModelRegistry:
         return ArrivalGroup({e.spec.id: e.service.arriving() for e in self.loaded()})
 
     # -- leases ----------------------------------------------------------------------------
-    async def acquire(self, entry: ModelEntry) -> Lease:
-        """A lease on `entry`'s loaded model, loading it first if need be (bounded wait)."""
+    async def acquire(self, entry: ModelEntry, *, queue_for_slot: bool = False) -> Lease:
+        """A lease on `entry`'s loaded model, loading it first if need be (bounded wait).
+        A client's request that needs a load while every load slot is busy is refused at once
+        (503); the server's own work (`queue_for_slot`: an audio job run again after a
+        restart) has no client to retry and waits its turn for a slot."""
         deadline = time.monotonic() + self.load_timeout_s
         while True:
             if entry.state == "loaded" and not entry.service.is_alive:
@@ -258,7 +261,8 @@ class ModelRegistry:
                 await self._wait(entry.unloaded.wait(), entry, deadline)
                 continue
             if entry.state in ("unloaded", "failed"):
-                self._check_load_slot(entry)
+                if not queue_for_slot:
+                    self._check_load_slot(entry)
                 self._start_load(entry)
             assert entry.loading is not None
             await self._wait(asyncio.shield(entry.loading), entry, deadline)

@@ -316,7 +316,8 @@ def test_errors_in_ollamas_shape(client: ollama.Client, http: httpx.Client) -> N
         ("/api/chat", {"model": "smollm2", "messages": ASK, "options": {"temperature": "hot"}}),
         ("/api/chat", {"model": "smollm2", "messages": ASK, "keep_alive": "soon"}),
         ("/api/chat", {"messages": ASK}),
-        ("/api/embed", {"model": "smollm2", "input": "x"}),
+        # a chat model embeds (mean-pooled hidden states), but not past its context untruncated
+        ("/api/embed", {"model": "smollm2", "input": "x " * 9000, "truncate": False}),
     ]
     for path, body in refusals:
         response = http.post(path, json=body)
@@ -330,10 +331,12 @@ def test_errors_in_ollamas_shape(client: ollama.Client, http: httpx.Client) -> N
     assert missing.status_code == 404 and isinstance(missing.json()["error"], str)
 
     assert client.pull("smollm2").status == "success"  # served: it is here already
-    for refused_call in (lambda: client.pull("llama3"), lambda: client.delete("smollm2")):
-        with pytest.raises(ollama.ResponseError) as refused:
-            refused_call()
-        assert refused.value.status_code == 400 and "configured locally" in refused.value.error
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.pull("llama3")  # not one of the packaged models: nothing to pull it from
+    assert refused.value.status_code == 400 and "cannot be pulled" in refused.value.error
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.delete("smollm2")
+    assert refused.value.status_code == 400 and "configured locally" in refused.value.error
 
 
 def test_fields_not_honoured_are_named(http: httpx.Client) -> None:

@@ -252,6 +252,26 @@ def test_a_load_past_every_busy_slot_is_503_at_once_while_one_for_the_loading_mo
     assert loads.log == ["a", "b"]
 
 
+def test_the_servers_own_work_waits_for_a_load_slot_instead(loads: GatedLoads) -> None:
+    """An audio job run again after a restart has no client to retry: it queues for the slot."""
+
+    async def main() -> None:
+        specs = [ModelSpec(name, name) for name in ("a", "b")]
+        registry = ModelRegistry(specs, loads, max_concurrent_loads=1, load_timeout_s=30.0)
+        loads.gate.clear()
+        loading_a = asyncio.ensure_future(registry.acquire(registry.resolve("a")))
+        await asyncio.sleep(0.05)
+        queued_b = asyncio.ensure_future(registry.acquire(registry.resolve("b"), queue_for_slot=True))
+        await asyncio.sleep(0.05)
+        assert not queued_b.done() and registry.resolve("b").state == "loading"
+        loads.gate.set()
+        (await loading_a).release()
+        (await queued_b).release()
+
+    asyncio.run(main())
+    assert loads.log == ["a", "b"]
+
+
 @pytest.fixture
 def audio_client(loads: GatedLoads) -> Iterator[TestClient]:
     registry = ModelRegistry(

@@ -145,7 +145,7 @@ def job_runners(registry: ModelRegistry) -> dict[str, Runner]:
 
     async def speech(job: Job, data: bytes) -> tuple[bytes, str]:
         body = SpeechRequest.model_validate({**job.request, "input": data.decode("utf-8")})
-        lease = await registry.acquire(registry.resolve(job.model, "speech"))
+        lease = await registry.acquire(registry.resolve(job.model, "speech"), queue_for_slot=True)
         try:
             service: SpeechService = lease.service
             voice, _ = service.resolve_voice(body.voice_name())
@@ -160,7 +160,7 @@ def job_runners(registry: ModelRegistry) -> dict[str, Runner]:
         samples = await asyncio.to_thread(
             decode_upload, data, param="file", max_seconds=MAX_JOB_AUDIO_SECONDS
         )
-        lease = await registry.acquire(registry.resolve(job.model, "transcription"))
+        lease = await registry.acquire(registry.resolve(job.model, "transcription"), queue_for_slot=True)
         try:
             service: TranscriptionService = lease.service
             transcript = await service.transcript(samples, form.options("transcribe"))
