@@ -42,7 +42,11 @@ MODELS = {
 @pytest.fixture(scope="module")
 def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     print(f"fuzz seed: {FUZZ_SEED}")  # first, so a run that breaks early still says it
-    with models_server(tmp_path_factory.mktemp("fuzz"), SMOLLM2_AND_MINILM_TOML) as server:
+    # a drawn max_tokens can ask for the whole context: each generation ends after 5 s
+    # ("length"), so no case waits minutes on a client timeout
+    with models_server(
+        tmp_path_factory.mktemp("fuzz"), SMOLLM2_AND_MINILM_TOML, extra_flags=["--request-timeout", "5"]
+    ) as server:
         yield server
 
 
