@@ -30,21 +30,21 @@ id = "smollm2"
 source = "smollm2"
 quantization = "none"
 compile = "off"
-max_model_len = 1024
+max_model_len = 256
 
 [[model]]
 id = "tuned"
 source = "smollm2"
 quantization = "none"
 compile = "off"
-max_model_len = 1024
+max_model_len = 256
 [model.sampling]
 temperature = 0.3
 top_k = 5
 max_tokens = 12
 repetition_penalty = 1.1
 """
-CONTEXT = 1024
+CONTEXT = 256  # small: a request with no max_tokens may run to the context's end
 SAMPLING_KEYS = {
     "temperature",
     "top_p",

@@ -178,9 +178,13 @@ class FakeGuide:
         return self.terminate_after is not None and len(self.accepted) >= self.terminate_after
 
 
-def prefill_logits(engine: LLMEngine, token_ids: list[int], split: int | None = None) -> torch.Tensor:
+def prefill_logits(
+    engine: LLMEngine, token_ids: list[int], split: int | None = None, rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """The engine model's fp32 logits for `token_ids`, [len, vocab], run as one prefill or as
-    two chunks (the second attends to the first through a KV cache of its own)."""
+    two chunks (the second attends to the first through a KV cache of its own). `rows`: only
+    those positions' logits, [len(rows), vocab] (a 262k-token head over every position is most
+    of the time of a long prompt)."""
     model, cfg = engine.model, engine.model.config
     n = len(token_ids)
     kv = [
@@ -199,6 +203,8 @@ def prefill_logits(engine: LLMEngine, token_ids: list[int], split: int | None = 
             chunk = PrefillChunk(0, stop - start, stop, torch.arange(stop))
             meta = AttentionMetadata(positions, cos, sin, prefills=[chunk])
             hidden = model(torch.tensor(token_ids[start:stop]), kv, meta)
+            if rows is not None:
+                hidden = hidden[rows[(rows >= start) & (rows < stop)] - start]
             logits.append(model.compute_logits(hidden).float())
     return torch.cat(logits)
 
