@@ -9,7 +9,7 @@ MODEL ?= qwen2.5-coder-0.5b
 MORE_MODELS ?= minilm whisper-tiny.en whisper-base piper-joe
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install serve test lint unit e2e bench fuzz clean browser espeak fleet-test
+.PHONY: install serve test test-fast lint unit e2e bench fuzz clean browser espeak fleet-test
 
 install: $(VENV)/.installed
 
@@ -44,9 +44,17 @@ lint: install
 # CI stops a run at 90 minutes without a word: past this budget the suite stops itself, with
 # its summary and the slowest tests (tests/conftest.py)
 ARGOSY_TEST_BUDGET_S ?= 4500
+# two test processes (pytest-xdist): while one waits on a server or a client, the other computes;
+# a module's tests stay in one process, and tests/conftest.py joins modules that share a server
+TEST_PROCESSES ?= 2
+PYTEST_PARALLEL := -n $(TEST_PROCESSES) --dist loadscope
 test: lint browser espeak
-	ARGOSY_TEST_BUDGET_S=$(ARGOSY_TEST_BUDGET_S) $(BIN)/python -m pytest -v -p no:cacheprovider --durations=30
+	ARGOSY_TEST_BUDGET_S=$(ARGOSY_TEST_BUDGET_S) $(BIN)/python -m pytest -v -p no:cacheprovider $(PYTEST_PARALLEL) --durations=30
 	$(MAKE) --no-print-directory fleet-test
+
+# the inner loop: unit and fault tests, no lint, no servers of the real models (< 5 minutes)
+test-fast: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) --durations=15 tests/unit tests/faults
 
 # The fleet's tests start Ray, which reaches for outside addresses at start-up: they run only in
 # a loopback-only network namespace (root: CI is), whose private PID namespace also ends every
