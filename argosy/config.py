@@ -183,7 +183,7 @@ def _in(value: float | None, low: float, high: float) -> bool:
     return value is None or low <= value <= high
 
 
-MODEL_KINDS = ("chat", "embedding", "rerank", "transcription", "speech", "image")
+MODEL_KINDS = ("chat", "embedding", "rerank", "transcription", "speech", "image", "music")
 
 
 @dataclass(slots=True)
@@ -193,7 +193,7 @@ class ModelSpec:
 
     id: str  # what clients name
     source: str  # a registered name (smollm2, minilm), a .gguf file or a model folder
-    kind: str = "chat"  # chat | embedding | rerank | transcription | speech | image
+    kind: str = "chat"  # chat | embedding | rerank | transcription | speech | image | music
     aliases: tuple[str, ...] = ()
     quantization: str | None = None
     compile: str | None = None
@@ -252,6 +252,10 @@ class ServerConfig:
     # seconds without a frame before an OpenAI SSE stream sends a `: keep-alive` comment (a long
     # prefill, a queue): proxies with idle timeouts keep the stream; 0: off
     sse_keepalive_s: float = 15.0
+    # `auto` tool calls whose arguments fail their tool's schema written again under the
+    # schema's grammar, at most this many per request (a request's `tool_repair_budget`
+    # overrides it); 0: none, such a call comes back as text named `tool_call_invalid`
+    tool_repair_budget: int = 1
     # Model registry (argosy/core/registry.py)
     max_loaded_models: int | None = None  # None: no limit; past it the least recently used goes
     max_loaded_memory: int | None = None  # bytes of loaded models (weights + KV) before LRU unloads
@@ -306,6 +310,8 @@ class ServerConfig:
             raise InvalidRequestError("request_timeout must be positive", "request_timeout")
         if self.sse_keepalive_s < 0:
             raise InvalidRequestError("sse_keepalive_s must be >= 0 (0: off)", "sse_keepalive_s")
+        if self.tool_repair_budget < 0:
+            raise InvalidRequestError("tool_repair_budget must be >= 0 (0: off)", "tool_repair_budget")
         if self.max_stream_buffer < 1:
             raise InvalidRequestError("max_stream_buffer must be at least 1", "max_stream_buffer")
         if self.max_loaded_models is not None and self.max_loaded_models < 1:

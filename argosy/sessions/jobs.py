@@ -22,7 +22,7 @@ FINAL_STATES = ("completed", "failed", "cancelled")
 @dataclass(slots=True)
 class Job:
     id: str
-    task: str  # speech | transcription
+    task: str  # speech | transcription | music
     model: str
     status: str  # queued | in_progress | completed | failed | cancelled
     created_at: float

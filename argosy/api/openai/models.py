@@ -1,9 +1,11 @@
 """OpenAI `GET /v1/models` and `GET /v1/models/{id}`, with a capabilities descriptor.
 
-The descriptor says what a client may ask of the model: context length, modalities, whether
-it has a chat template / thinking / tool-call dialect, its weights' format, and the sampling
-values a request that sets nothing runs with (SPEC §3 rule 7: sending them back changes
-nothing). Every configured model is listed with its state (`loaded`, `loading`, `unloaded`,
+The descriptor says what a client may ask of the model: context length (`max_model_len`, and
+`n_ctx` as the reference and llama.cpp name it), modalities (`modality_support`: true, or why a
+part of that medium is refused, in the refusal's words), whether it has a chat template /
+thinking (`reasoning_effort`: the levels where its template reads one) / tool-call dialect, its
+weights' format, and the sampling values a request that sets nothing runs with (SPEC §3
+rule 7: sending them back changes nothing). Every configured model is listed with its state (`loaded`, `loading`, `unloaded`,
 `unloading`, `failed`); what is not known until it loads is null.
 """
 
@@ -19,13 +21,14 @@ from starlette.responses import JSONResponse
 from argosy.api.openapi import takes
 from argosy.api.transport import read_model
 from argosy.api.wire import WireModel
+from argosy.chat.modalities import modality_support
 from argosy.core.registry import ModelEntry, ModelRegistry
 from argosy.core.service import ModelInfo
 from argosy.errors import NotFoundError
 
 router = APIRouter()
 # the audio model kinds and the tasks each serves (a multilingual recogniser also translates)
-AUDIO_KINDS = {"transcription": ("transcribe",), "speech": ("speech",)}
+AUDIO_KINDS = {"transcription": ("transcribe",), "speech": ("speech",), "music": ("music",)}
 
 
 def model_json(info: ModelInfo) -> dict[str, Any]:
@@ -36,6 +39,8 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
         "aliases": list(info.aliases),
         "context_length": info.context_length,
         "modalities": ["text"],
+        # per modality: true, or why the model refuses a part of it (the 400's own words)
+        "modality_support": modality_support(),
         "architecture": info.architecture,
         "dtype": info.dtype,
         "memory_bytes": info.memory_bytes,
@@ -53,6 +58,7 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
     elif info.kind in AUDIO_KINDS:
         capabilities |= {
             "modalities": ["audio", "text"],
+            "modality_support": modality_support("audio"),
             "tasks": list(info.tasks or AUDIO_KINDS[info.kind]),
             "languages": None if info.languages is None else list(info.languages),
             "voices": None if info.voices is None else list(info.voices),
@@ -62,6 +68,7 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
     elif info.kind == "image":
         capabilities |= {
             "modalities": ["text", "image"],
+            "modality_support": modality_support("image"),
             "tasks": ["generate"],
             "description": info.description,
         }
@@ -70,6 +77,10 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "chat_template": info.has_chat_template,
             "chat_template_source": info.chat_template_source,
             "thinking": info.has_thinking,
+            # the values a request's reasoning_effort may take where the template reads it, else null
+            "reasoning_effort": (
+                None if info.reasoning_effort_levels is None else list(info.reasoning_effort_levels)
+            ),
             "tools": info.has_tools,
             "fill_in_the_middle": info.has_fim,
             "quantization": info.quantization,
@@ -95,6 +106,7 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
         "created": info.created,
         "owned_by": "argosy",
         "max_model_len": info.context_length,
+        "n_ctx": info.context_length,  # the reference's name (llama.cpp's) for the same length
         "capabilities": capabilities,
     }
 
