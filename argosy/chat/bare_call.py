@@ -50,12 +50,14 @@ _FENCE, _BEFORE_VALUE, _VALUE, _AFTER_VALUE = range(4)
 @dataclass(frozen=True, slots=True)
 class BareOutcome:
     """The unit decided: `calls`, or its raw `text` sent as content (with `failure` when it
-    was a call that did not pass); `rest` is the input after it, for the parser to read on."""
+    was a call that did not pass; `invalid_call` when it is one call that failed only its
+    schema); `rest` is the input after it, for the parser to read on."""
 
     text: str
     calls: list[BareCall] | None
     failure: str | None
     rest: str
+    invalid_call: BareCall | None = None
 
 
 class BareCallReader:
@@ -153,7 +155,8 @@ class BareCallReader:
     def _decide(self) -> BareOutcome:
         verdict = judge_calls(self._values, self._syntax, self._check)
         unit, rest = self._text[: self._unit_end], self._text[self._unit_end :]
-        return BareOutcome(unit, verdict.calls, verdict.failure if verdict.calls is None else None, rest)
+        failure = verdict.failure if verdict.calls is None else None
+        return BareOutcome(unit, verdict.calls, failure, rest, verdict.invalid_call)
 
     def _let_go(self, *, failure: str | None) -> BareOutcome:
         """Not a unit of calls: what was read is text; the parser reads on from there."""

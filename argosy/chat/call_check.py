@@ -6,11 +6,17 @@ value a call object (keys among the family's name / arguments keys, a string nam
 every call
 
 - names a declared tool (else "unknown_tool"),
-- has arguments that are a JSON object (or a JSON string holding one, or none: `{}`) valid
-  for that tool's parameters schema (else "invalid_arguments"), and
+- has arguments that are a JSON object (or a JSON string holding one, or none: `{}`; else
+  "bad_arguments"),
 - is grounded: some word or number of its arguments occurs in the conversation (the
   messages' text and earlier calls' arguments, not the tool list), unless its arguments hold
-  no free text at all (else "ungrounded_arguments").
+  no free text at all (else "ungrounded_arguments"), and
+- has arguments valid for that tool's parameters schema (else "invalid_arguments").
+
+The schema comes last on purpose: a call that fails only its schema was meant as a call (a
+declared tool, grounded arguments), so it is the one the core may write again under the
+schema's grammar (`Verdict.invalid_call`, argosy/core/tool_repair.py); a made-up call that
+also fails its schema must stay text, never be repaired into a call.
 
 Why the grounding rule: Qwen2.5-Coder-0.5B with tools declared answers "What is 2+2?",
 "Hello!" or "How many legs does a spider have?" with a well-formed
@@ -34,6 +40,7 @@ from typing import Any
 
 import jsonschema
 
+from argosy.chat.events import INVALID_ARGUMENTS
 from argosy.chat.families.base import CallSyntax
 from argosy.chat.families.json_call import CONSUMED, DONE, ERROR, CallObjectReader, ValueScanner
 
@@ -66,10 +73,13 @@ class BareCall:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """`calls` when the values are calls; else `failure` (None: not call objects at all)."""
+    """`calls` when the values are calls; else `failure` (None: not call objects at all).
+    `invalid_call`: the unit is one call that passes every rule but its schema (failure
+    "invalid_arguments"), which may be repaired."""
 
     calls: list[BareCall] | None = None
     failure: str | None = None
+    invalid_call: BareCall | None = None
 
 
 def is_call_key(key: str, syntax: CallSyntax) -> bool:
@@ -92,6 +102,7 @@ def judge_calls(values: list[str], syntax: CallSyntax, check: BareCallCheck) -> 
             return Verdict()
         objects += split
     calls: list[BareCall] = []
+    invalid: list[BareCall] = []
     words: frozenset[str] | None = None
     for raw in objects:
         call = _read_call(raw, syntax)
@@ -101,19 +112,41 @@ def judge_calls(values: list[str], syntax: CallSyntax, check: BareCallCheck) -> 
         if name not in check.tool_schemas:
             return Verdict(failure="unknown_tool")
         schema = check.tool_schemas[name]
-        try:
-            decoded = json.loads(arguments)
-        except ValueError:
-            return Verdict(failure="invalid_arguments")
-        if not isinstance(decoded, dict) or not _is_valid(decoded, schema):
-            return Verdict(failure="invalid_arguments")
+        decoded = _json_object(arguments)
+        if decoded is None:
+            return Verdict(failure="bad_arguments")
         evidence = set(_evidence(decoded)) - _schema_words(schema)
         if evidence:
             words = _conversation_words(check.conversation) if words is None else words
             if not evidence & words:
                 return Verdict(failure="ungrounded_arguments")
         calls.append(BareCall(name, arguments, raw))
+        if not _is_valid(decoded, schema):
+            invalid.append(calls[-1])
+    if invalid:
+        return Verdict(failure=INVALID_ARGUMENTS, invalid_call=invalid[0] if len(calls) == 1 else None)
     return Verdict(calls=calls)
+
+
+def fails_schema(arguments: str, schema: dict[str, Any] | None) -> bool:
+    """Whether `arguments` is a JSON object that `schema` refuses (text that is no JSON object
+    is another failure: the parser's "invalid_json" / "bad_arguments")."""
+    decoded = _json_object(arguments)
+    return decoded is not None and not _is_valid(decoded, schema)
+
+
+def fits_schema(arguments: str, schema: dict[str, Any] | None) -> bool:
+    """Whether `arguments` is a JSON object valid for `schema` (None: any object)."""
+    decoded = _json_object(arguments)
+    return decoded is not None and _is_valid(decoded, schema)
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _is_call_object(item: Any, syntax: CallSyntax) -> bool:

@@ -25,6 +25,7 @@ class Disposition(Enum):
     CALL = "call"
     CONTENT = "content"
     DROPPED = "dropped"  # a call past the first with parallel calls off
+    INVALID = "invalid"  # its arguments fail the schema: held for the core (a ToolCallInvalid)
 
 
 @dataclass(slots=True)
@@ -44,3 +45,6 @@ class Unit:
     num_args_parts_sent: int = 0
     num_keys_checked: int = 0
     is_end_sent: bool = False
+    start: int = 0  # where its raw text begins in the parser's input
+    held_name: str | None = None  # a call held until its arguments are checked (not yet sent)
+    arguments: str = ""  # INVALID: the arguments its schema refused

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from argosy.chat.events import (
+    INVALID_ARGUMENTS,
     ChannelEvent,
     ReasoningDelta,
     TextDelta,
     ToolCallArgsDelta,
+    ToolCallInvalid,
     ToolCallStart,
     ToolParseFailure,
 )
@@ -64,6 +66,9 @@ class ChannelCollector:
                 self._calls[event.call_index][2].append(event.fragment)
             elif isinstance(event, ToolParseFailure):
                 self._failures.append(event)
+            elif isinstance(event, ToolCallInvalid):  # unresolved (no core): its text, as with no repair
+                self._content.append(event.text)
+                self._failures.append(ToolParseFailure(event.index, event.text, INVALID_ARGUMENTS))
 
     def result(self) -> ParsedOutput:
         calls = [

@@ -120,6 +120,10 @@ class ToolCallEnd:
     call_index: int
 
 
+# The reason of a call whose arguments are a JSON object its tool's schema refuses.
+INVALID_ARGUMENTS = "invalid_arguments"
+
+
 @dataclass(frozen=True, slots=True)
 class ToolParseFailure:
     """Something in the tool-call channel did not parse as a call (for logs; never dropped).
@@ -140,11 +144,49 @@ class ToolParseFailure:
     @property
     def is_call_left_as_text(self) -> bool:
         """A call attempt that came back as content (an undeclared tool, arguments that fail
-        the schema, broken JSON...): the answer names it degraded, `tool_call_unparsed`."""
+        the schema, broken JSON...): the answer names it degraded, `tool_call_invalid` when
+        it is `is_invalid_call`, else `tool_call_unparsed`."""
         return self.call_index is None and self.reason not in ("extra_call", "unexpected_text")
 
+    @property
+    def is_invalid_call(self) -> bool:
+        """A call that parsed (a declared tool, arguments a JSON object) but whose arguments
+        fail that tool's schema, come back as content."""
+        return self.call_index is None and self.reason == INVALID_ARGUMENTS
 
-ChannelEvent = TextDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta | ToolCallEnd | ToolParseFailure
+
+@dataclass(frozen=True, slots=True)
+class ToolCallInvalid:
+    """A call that parsed (a declared tool, arguments a JSON object) but whose arguments fail
+    that tool's schema, held for the core to decide (argosy/core/tool_repair.py): written
+    again under a grammar of the schema (then it is call `call_index`: ToolCallStart,
+    ToolCallArgsDelta, ToolCallEnd), or sent as content, `text`, with a ToolParseFailure
+    "invalid_arguments". A parser emits it only when asked to (ParserOptions.can_repair_calls)
+    and the core resolves every one, so no dialect ever sees it.
+
+    `prefix` is the output before the call and `opening` the call's opening in the family's
+    syntax up to its arguments (`<tool_call>\n{"name": "f", "arguments": `): the repair
+    continues the prompt with both, so the model writes the arguments again, constrained.
+    """
+
+    index: int
+    call_index: int
+    name: str
+    arguments: str  # the model's own JSON text of the arguments
+    text: str  # the call's raw text, markers included
+    prefix: str
+    opening: str
+
+
+ChannelEvent = (
+    TextDelta
+    | ReasoningDelta
+    | ToolCallStart
+    | ToolCallArgsDelta
+    | ToolCallEnd
+    | ToolParseFailure
+    | ToolCallInvalid
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +206,7 @@ Event = (
     | ToolCallArgsDelta
     | ToolCallEnd
     | ToolParseFailure
+    | ToolCallInvalid
     | LogprobsDelta
     | Finish
 )

@@ -1,39 +1,31 @@
 """FamilyChannelParser: the channel parser of every chat family (the state machine).
 
 The family gives markers and call syntax as data; the behaviour is described in
-argosy/chat/parsing.py, the entry point (`make_channel_parser`).
+argosy/chat/parsing.py, the entry point (`make_channel_parser`). The steps live here; what they
+decide about a call unit, and the output, is the base class's (unit_decisions.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from argosy.chat.bare_call import STARTS, BareCallReader
+from argosy.chat.bare_call import STARTS, BareCallReader, BareOutcome
 from argosy.chat.call_unit import Disposition, Mode, Unit
-from argosy.chat.event_runs import EventRuns
 from argosy.chat.events import ChannelEvent, ToolCallEnd, ToolCallStart, ToolParseFailure
 from argosy.chat.families import ChatFamily
-from argosy.chat.families.json_call import (
-    CONSUMED,
-    DONE,
-    ERROR,
-    JSON_WHITESPACE,
-    CallObjectReader,
-    final_arguments,
-)
+from argosy.chat.families.json_call import CONSUMED, DONE, ERROR, JSON_WHITESPACE, CallObjectReader
 from argosy.chat.markers import find_first, partial_marker_length
 from argosy.chat.parser_options import ParserOptions
-from argosy.chat.segment import Segment
+from argosy.chat.unit_decisions import EXTRA_CALL, UnitDecisions
 
 _WS = JSON_WHITESPACE
-_EXTRA_CALL = "extra_call"
 
 
 def _is_name_char(ch: str) -> bool:
     return ch.isalnum() or ch in "_-."
 
 
-class FamilyChannelParser:
+class FamilyChannelParser(UnitDecisions):
     """The ChannelParser for every family: the family gives markers and call syntax (data).
 
     Invariant: `_buf` holds only input not yet decided (a possible partial marker, or text the
@@ -50,29 +42,21 @@ class FamilyChannelParser:
         choice_index: int = 0,
         new_call_id: Callable[[], str] | None = None,
     ) -> None:
-        self._options = options = options or ParserOptions()
-        self._choice_index = choice_index
-        self._new_call_id = new_call_id or family.new_call_id
-        self._syntax = family.call_syntax
+        options = options or ParserOptions()
+        super().__init__(family, options, choice_index, new_call_id)
         self._reasoning_markers = family.reasoning_markers if options.has_reasoning else None
         self._is_calling = options.has_tool_calls
         self._is_forced = options.has_tool_calls and options.is_call_forced
         is_bare_checked = self._is_calling and not self._is_forced and self._syntax.is_bare_json_checked
         self._bare_check = options.bare_calls if is_bare_checked else None
         self._bare: BareCallReader | None = None
+        self._bare_start = 0
         opener, closer = self._syntax.open_marker, self._syntax.close_marker
         self._open_markers = (opener,) if opener and self._is_calling else ()
         self._resync_markers = tuple(marker for marker in (closer, opener) if marker)
         self._buf = ""
         self._is_final = False
         self._is_finished = False
-        self._runs = EventRuns(choice_index)
-        self._num_calls = 0
-        self._text = Segment(is_at_marker=False)
-        self._reasoning = Segment(is_at_marker=True)
-        self._unit: Unit | None = None
-        self._region_marker = ""  # the marker that opened the call region ("" if none)
-        self._is_array = False
         is_reasoning = self._reasoning_markers is not None and options.is_reasoning_open
         self._mode = Mode.REASONING if is_reasoning else Mode.TEXT
         self._has_reasoned = is_reasoning
@@ -93,6 +77,7 @@ class FamilyChannelParser:
         if self._is_finished:
             raise RuntimeError("ChannelParser.feed after finish")
         self._buf += delta
+        self._guard.feed(delta)
         self._run()
         return self._drain()
 
@@ -143,6 +128,7 @@ class FamilyChannelParser:
                     self._open_region("", is_candidate=False)
             elif self._bare_check is not None and buf[0] in STARTS:
                 self._bare = BareCallReader(self._syntax, self._bare_check)
+                self._bare_start = self._input_position()
                 self._mode = Mode.BARE
             elif self._is_calling and self._syntax.is_bare_json_at_start and buf[0] == "{":
                 self._open_region("", is_candidate=True)
@@ -167,12 +153,10 @@ class FamilyChannelParser:
             return False
         self._bare, self._mode, self._buf = None, Mode.TEXT, outcome.rest
         if outcome.calls is None:
-            self._push_text(outcome.text)
-            if outcome.failure is not None:
-                self._emit(ToolParseFailure(self._choice_index, outcome.text, outcome.failure))
+            self._refuse_bare(outcome)
         for bare_call in outcome.calls or ():
             if self._num_calls and not self._options.can_call_in_parallel:
-                self._emit(ToolParseFailure(self._choice_index, bare_call.raw, _EXTRA_CALL))
+                self._emit(ToolParseFailure(self._choice_index, bare_call.raw, EXTRA_CALL))
                 continue
             call_index, self._num_calls = self._num_calls, self._num_calls + 1
             self._emit(ToolCallStart(self._choice_index, call_index, self._new_call_id(), bare_call.name))
@@ -180,6 +164,27 @@ class FamilyChannelParser:
             self._emit(ToolCallEnd(self._choice_index, call_index))
             self._text.touch_marker()
         return True
+
+    def _refuse_bare(self, outcome: BareOutcome) -> None:
+        """A markerless unit that is not calls: its text, or one call failing only its schema
+        handed to the core for repair."""
+        invalid = outcome.invalid_call
+        if invalid is not None and self._guard.can_repair:
+            call_index, self._num_calls = self._num_calls, self._num_calls + 1
+            event = self._guard.invalid_call(
+                call_index,
+                invalid.name,
+                invalid.arguments,
+                text=outcome.text,
+                start=self._bare_start,
+                is_marked=False,
+            )
+            self._emit(event)
+            self._text.touch_marker()
+            return
+        self._push_text(outcome.text)
+        if outcome.failure is not None:
+            self._emit(ToolParseFailure(self._choice_index, outcome.text, outcome.failure))
 
     def _step_reasoning(self) -> bool:
         assert self._reasoning_markers is not None
@@ -233,7 +238,7 @@ class FamilyChannelParser:
         self._buf = self._buf[consumed:]
         if unit.disposition is Disposition.PENDING and not self._resolve_from_reader(unit, reader):
             return True  # abandoned: plain text from here on
-        if unit.disposition is Disposition.CALL and reader.args_kind == "object":
+        if unit.disposition is Disposition.CALL and reader.args_kind == "object" and unit.held_name is None:
             self._send_new_args(unit, reader)
         if status == ERROR:
             self._fail_unit("invalid_json")
@@ -277,7 +282,7 @@ class FamilyChannelParser:
                 self._take(separator or "")
                 self._buf = body[len(separator or "") :]
             self._end_unit()
-            self._unit = Unit(is_after_separator=True)
+            self._unit = Unit(is_after_separator=True, start=self._input_position())
             self._mode = Mode.REGION
             return True
         if self._is_array:
@@ -355,161 +360,6 @@ class FamilyChannelParser:
             self._emit_delta("reasoning", self._reasoning.flush())
         self._emit_delta("text", self._text.flush())
 
-    # ---- call units
-
-    def _current_unit(self) -> Unit:
-        assert self._unit is not None
-        return self._unit
-
     @property
     def _is_bare_forced_region(self) -> bool:
         return self._is_forced and not self._region_marker
-
-    def _open_region(self, marker: str, *, is_candidate: bool) -> None:
-        self._unit = Unit(raw_parts=[marker] if marker else [], is_candidate=is_candidate)
-        self._region_marker = marker
-        self._is_array = False
-        self._mode = Mode.REGION
-
-    def _end_region(self) -> None:
-        self._unit = None
-        self._is_array = False
-        self._is_at_text_start = False
-        self._mode = Mode.TEXT
-
-    def _take(self, text: str) -> None:
-        """Text of the current unit: held, swallowed by a call, or sent if it is content."""
-        unit = self._current_unit()
-        unit.raw_parts.append(text)
-        if unit.disposition is Disposition.CONTENT:
-            self._push_text(text)
-
-    def _take_whitespace(self) -> str:
-        buf = self._buf
-        body = buf.lstrip(_WS)
-        if len(body) < len(buf):
-            self._take(buf[: len(buf) - len(body)])
-            self._buf = body
-        return body
-
-    def _resolve_from_reader(self, unit: Unit, reader: CallObjectReader) -> bool:
-        """Decide a pending unit once its keys / name allow; False if it was abandoned."""
-        if unit.is_candidate:
-            call_keys = (*self._syntax.name_keys, *self._syntax.args_keys, "type")
-            for key in reader.keys[unit.num_keys_checked :]:
-                if key not in call_keys:
-                    self._abandon_candidate()
-                    return False
-            unit.num_keys_checked = len(reader.keys)
-        if reader.is_name_seen:
-            if reader.name is not None:
-                self._resolve_name(unit, reader.name)
-            elif unit.is_candidate:
-                self._abandon_candidate()
-                return False
-            else:
-                self._make_content(unit, "missing_name")
-        return True
-
-    def _resolve_name(self, unit: Unit, name: str) -> None:
-        tool_names = self._options.tool_names
-        if not name or (tool_names is not None and name not in tool_names):
-            self._make_content(unit, "unknown_tool" if name else "missing_name")
-            return
-        if self._num_calls and not self._options.can_call_in_parallel:
-            unit.disposition, unit.reason = Disposition.DROPPED, _EXTRA_CALL
-        else:
-            unit.disposition, unit.call_index = Disposition.CALL, self._num_calls
-            self._num_calls += 1
-            self._emit(ToolCallStart(self._choice_index, unit.call_index, self._new_call_id(), name))
-        self._text.touch_marker()
-
-    def _make_content(self, unit: Unit, reason: str) -> None:
-        unit.disposition = Disposition.CONTENT
-        unit.reason = unit.reason or reason
-        self._push_text("".join(unit.raw_parts))
-
-    def _abandon_candidate(self) -> None:
-        """A markerless `{` that is not a call after all: its text is plain text."""
-        unit = self._current_unit()
-        self._push_text("".join(unit.raw_parts))
-        self._end_region()
-
-    def _fail_unit(self, reason: str) -> None:
-        unit = self._current_unit()
-        if unit.disposition is Disposition.PENDING:
-            if unit.is_candidate:
-                self._abandon_candidate()
-                return
-            self._make_content(unit, reason)
-        else:
-            unit.reason = unit.reason or reason
-        self._mode = Mode.FAILED
-
-    def _send_new_args(self, unit: Unit, reader: CallObjectReader) -> None:
-        assert unit.call_index is not None
-        parts = reader.args_parts
-        if len(parts) > unit.num_args_parts_sent:
-            self._emit_delta(unit.call_index, "".join(parts[unit.num_args_parts_sent :]))
-            unit.num_args_parts_sent = len(parts)
-
-    def _complete_object(self, unit: Unit, reader: CallObjectReader) -> None:
-        is_valid = reader.is_valid()
-        if unit.disposition is Disposition.PENDING:
-            if unit.is_candidate:
-                self._abandon_candidate()
-                return
-            self._make_content(unit, "missing_name" if is_valid else "invalid_json")
-        elif unit.disposition is Disposition.CALL:
-            assert unit.call_index is not None
-            rest, reason = final_arguments(reader)
-            self._emit_delta(unit.call_index, rest)
-            unit.reason = unit.reason or reason or (None if is_valid else "invalid_json")
-            self._emit(ToolCallEnd(self._choice_index, unit.call_index))
-            unit.is_end_sent = True
-        elif not is_valid:
-            unit.reason = unit.reason or "invalid_json"
-        self._mode = Mode.AFTER_OBJECT
-
-    def _end_unit(self, *, is_output_end: bool = False) -> None:
-        unit = self._current_unit()
-        self._unit = None
-        if unit.disposition is Disposition.PENDING:
-            unit.disposition = Disposition.CONTENT
-            unit.reason = unit.reason or "missing_name"
-            self._push_text("".join(unit.raw_parts))
-        elif unit.disposition is not Disposition.CONTENT:
-            self._text.touch_marker()  # the call spans to its closing marker
-        if is_output_end:  # the last text goes before the failure
-            self._emit_delta("text", self._text.flush())
-        is_call = unit.disposition is Disposition.CALL
-        if is_call and not unit.is_end_sent:
-            assert unit.call_index is not None
-            self._emit(ToolCallEnd(self._choice_index, unit.call_index))
-        if unit.reason is not None:
-            self._emit(
-                ToolParseFailure(
-                    self._choice_index,
-                    "".join(unit.raw_parts),
-                    unit.reason,
-                    unit.call_index if is_call else None,
-                    unit.is_unterminated,
-                )
-            )
-        junk = "".join(unit.junk_parts)
-        if junk.strip(_WS):
-            self._emit(ToolParseFailure(self._choice_index, junk, "unexpected_text"))
-
-    # ---- output
-
-    def _push_text(self, text: str) -> None:
-        self._runs.delta("text", self._text.push(text))
-
-    def _emit_delta(self, key: str | int, text: str) -> None:
-        self._runs.delta(key, text)
-
-    def _emit(self, event: ChannelEvent) -> None:
-        self._runs.event(event)
-
-    def _drain(self) -> list[ChannelEvent]:
-        return self._runs.drain()

@@ -103,6 +103,9 @@ class ChatInput:
     continue_final_message: bool = False
     # At most this many tokens of reasoning, then its end marker is forced (a reasoning model).
     reasoning_budget: int | None = None
+    # Calls failing their tool's schema written again under its grammar, at most this many per
+    # request (0: none, sent back as text); None: the server's --tool-repair-budget.
+    tool_repair_budget: int | None = None
 
 
 def check_continuation(chat: ChatInput) -> None:

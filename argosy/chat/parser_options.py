@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from argosy.chat.call_check import BareCallCheck
 from argosy.chat.events import ChannelEvent
@@ -27,6 +28,11 @@ class ParserOptions:
     `bare_calls`: markerless calls at the start of the answer are recognised (for families
     whose syntax says `is_bare_json_checked`) when they pass this check (argosy/chat/
     call_check.py); None: they are text (tool_choice "none", a response_format, a forced call).
+    `call_schemas` (`auto` with tools): a marker call of a tool with a schema here is held
+    until its JSON closes, then checked: arguments that are a JSON object the schema refuses
+    make it no call. Such a call, like a markerless one that fails only its schema, comes back
+    as its text with a ToolParseFailure "invalid_arguments"; with `can_repair_calls` it is
+    handed to the core instead, as a ToolCallInvalid (argosy/core/tool_repair.py).
     """
 
     has_reasoning: bool = True
@@ -36,3 +42,5 @@ class ParserOptions:
     is_reasoning_open: bool = False
     is_call_forced: bool = False
     bare_calls: BareCallCheck | None = field(default=None, hash=False)
+    call_schemas: Mapping[str, dict[str, Any] | None] | None = field(default=None, hash=False)
+    can_repair_calls: bool = False

@@ -6,16 +6,19 @@ non-streaming result (`parse_text`, or `ChannelCollector` over the streamed even
 events collected, so streaming and non-streaming agree by construction, and the events do not
 depend on how the text was cut into deltas (up to merging adjacent deltas of one kind).
 
-This module is the entry point. The state machine is family_parser.py (its state as data in
-call_unit.py, its output runs in event_runs.py, whitespace at markers in segment.py, marker
-search in markers.py, markerless calls in bare_call.py and call_check.py); collector.py
-gathers the non-streaming result.
+This module is the entry point. The state machine is family_parser.py (its decisions on a
+call unit in unit_decisions.py, its state as data in call_unit.py, its output runs in
+event_runs.py, whitespace at markers in segment.py, marker search in markers.py, markerless
+calls in bare_call.py and call_check.py, the schema check of `auto` calls in call_guard.py);
+collector.py gathers the non-streaming result.
 
 Streaming: text is emitted as soon as it cannot be the start of a marker; only a possible
 partial marker is held back. A call is held until its name is known; then `ToolCallStart`,
 then its arguments as the model writes them (`ToolCallArgsDelta` pieces joining to the model's
 own JSON text of the arguments, exactly as in the non-streaming result), then `ToolCallEnd`.
-Calls are numbered 0, 1, 2... in order.
+In `auto` mode a call of a tool with a schema (`ParserOptions.call_schemas`) is held until its
+JSON closes, since it is a call only if its arguments pass the schema (call_guard.py); it is
+then sent whole. Calls are numbered 0, 1, 2... in order.
 
 Decisions (where SPEC §2 is silent):
 - If a call's name is not among `tool_names`, the call's raw text (markers included) comes
@@ -28,6 +31,12 @@ Decisions (where SPEC §2 is silent):
   breaks mid-JSON runs to its closing marker, the next opening marker, or the end of output.
 - The output ending inside a call (before its JSON is complete) is a failure with
   `is_unterminated` set: the caller says finish reason "length".
+- Arguments that are a JSON object the tool's schema refuses (`call_schemas`, `auto` mode):
+  the call (markers or not) is no call. Its text comes back as content with a
+  ToolParseFailure "invalid_arguments" (the answer names `tool_call_invalid`, not
+  `tool_call_unparsed`), or, with `can_repair_calls`, it is handed to the core whole as a
+  ToolCallInvalid keeping its number, for a constrained retry (argosy/core/tool_repair.py).
+  Arguments that are no JSON object keep the rule above (a call, with its failure).
 - `can_call_in_parallel=False`: only the first call is a call; later calls are left out of
   the message, each reported as ToolParseFailure "extra_call".
 - Text between a complete call and its closing marker is content ("unexpected_text").
@@ -44,8 +53,9 @@ Decisions (where SPEC §2 is silent):
   calls only when every one names a declared tool with arguments valid for its schema and
   grounded in the conversation (`ParserOptions.bare_calls`; argosy/chat/bare_call.py and
   call_check.py); otherwise all of it is text, with a ToolParseFailure ("unknown_tool",
-  "invalid_arguments", "ungrounded_arguments", "invalid_json", "call_too_long") when it was
-  a call attempt. Such calls are sent whole (start, all arguments, end) once decided.
+  "bad_arguments", "ungrounded_arguments", "invalid_arguments", "invalid_json",
+  "call_too_long") when it was a call attempt. Such calls are sent whole (start, all
+  arguments, end) once decided.
 - `is_call_forced` (tool_choice "required" or named, enforced by a grammar): the output after
   any reasoning is calls, in the family's marker syntax (the grammar's `<tool_call>` shape)
   or bare JSON: call objects one after another, or one array of them.

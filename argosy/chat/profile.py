@@ -24,6 +24,9 @@ from argosy.chat.messages import Message, ToolDefinition, template_messages
 from argosy.chat.template import ChatTemplate
 from argosy.chat.tool_prompt import hermes_conversation
 
+# OpenAI's reasoning_effort values (what a template that writes the value as given is asked for)
+REASONING_EFFORT_LEVELS = ("low", "medium", "high")
+
 
 class _Vocabulary:
     """`token in vocabulary`, asked of the tokenizer: get_vocab() builds a dict of every token
@@ -60,6 +63,14 @@ class ChatProfile:
     @property
     def has_reasoning(self) -> bool:
         return self.call_family.reasoning_markers is not None
+
+    def reasoning_effort_levels(self) -> tuple[str, ...] | None:
+        """The `reasoning_effort` values this template takes: those it compares the variable
+        with, or OpenAI's low / medium / high where it writes the value as given; None where
+        it does not read it (a request's `reasoning_effort` is then named degraded)."""
+        if not self.reads("reasoning_effort"):
+            return None
+        return self.template.compared_strings.get("reasoning_effort") or REASONING_EFFORT_LEVELS
 
     def reads(self, variable: str) -> bool:
         """Whether the template reads `variable` (a kwarg it does not read is not honoured)."""

@@ -239,6 +239,25 @@ def _result_bits(operator: str, left: Any, right: Any) -> float:
     return right * math.log2(abs(left))
 
 
+def _compared_strings(syntax: nodes.Template) -> dict[str, tuple[str, ...]]:
+    """Per variable, the string constants the template compares it with (`x == "high"`,
+    `"low" != x`, `x in ["low", "high"]`), in the order they are written: the values it
+    tells apart (a template's `reasoning_effort` levels)."""
+    found: dict[str, dict[str, None]] = {}
+    for compare in syntax.find_all(nodes.Compare):
+        left = compare.expr
+        for operand in compare.ops:
+            right = operand.expr
+            for name, other in ((left, right), (right, left)):
+                if not isinstance(name, nodes.Name):
+                    continue
+                items = other.items if isinstance(other, nodes.List | nodes.Tuple) else [other]
+                strings = [i.value for i in items if isinstance(i, nodes.Const) and isinstance(i.value, str)]
+                found.setdefault(name.name, {}).update(dict.fromkeys(strings))
+            left = right
+    return {name: tuple(values) for name, values in found.items() if values}
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
     env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
@@ -293,6 +312,9 @@ class ChatTemplate:
         environment = _environment()
         try:
             syntax = environment.parse(source)
+            # The string values each variable is compared with (`reasoning_effort` levels), read
+            # first: finding the variables compiles the tree, which folds constant lists.
+            self.compared_strings = _compared_strings(syntax)
             # The variables the template reads (`tools`, `enable_thinking`, `reasoning_effort`...):
             # one it does not read is not honoured, whatever value it is given.
             self.variables = frozenset(jinja2.meta.find_undeclared_variables(syntax))

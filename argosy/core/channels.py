@@ -36,11 +36,15 @@ log = logging.getLogger("argosy.api")
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChannelSpec:
     """How a chat request's output is split: the family's markers and call syntax, the
-    request's parser options, and special tokens' text to remove before parsing."""
+    request's parser options, and special tokens' text to remove before parsing.
+    `repair_budget`: calls failing their schema the core may write again, over the whole
+    request (argosy/core/tool_repair.py; the parser hands them over when `options.
+    can_repair_calls`)."""
 
     family: ChatFamily
     options: ParserOptions
     strip_texts: tuple[str, ...] = ()
+    repair_budget: int = 0
 
 
 class ChoiceChannels:

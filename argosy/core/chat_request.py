@@ -71,10 +71,14 @@ async def prepare_chat(core: ModelService, chat: ChatInput) -> PreparedChat:
         )
     )
     is_reasoning_open = prompt_opens_reasoning(profile.call_family, prompt_text)
+    repair_budget = (
+        core.options.tool_repair_budget if chat.tool_repair_budget is None else chat.tool_repair_budget
+    )
     options = dataclasses.replace(
         constraints.parser_options,
         has_reasoning=profile.has_reasoning,
         is_reasoning_open=is_reasoning_open,
+        can_repair_calls=repair_budget > 0 and constraints.parser_options.call_schemas is not None,
     )
     if constraints.grammar is not None:
         # compiled (and cached) where the engine runs; a schema it cannot take is a 400 now
@@ -98,7 +102,7 @@ async def prepare_chat(core: ModelService, chat: ChatInput) -> PreparedChat:
     return PreparedChat(
         prompt_text=prompt_text,
         prompt_ids=profile.tokenize(prompt_text),
-        channels=ChannelSpec(profile.call_family, options, profile.strip_texts),
+        channels=ChannelSpec(profile.call_family, options, profile.strip_texts, repair_budget),
         guide=guide,
         keeps_special_tokens=profile.keeps_special_tokens,
         degraded=degraded,

@@ -48,6 +48,7 @@ class ChoiceState:
         self.finish_reason: str | None = None
         self.has_output = False
         self.output_ids: list[int] = []  # every token generated so far
+        self.num_repair_tokens = 0  # generated to repair its tool calls (core/tool_repair.py)
         self._needs_echo = echo
         self._channels = channels
         self._tokenizer = tokenizer
@@ -63,7 +64,7 @@ class ChoiceState:
             raise ArgosyError(f"Generation failed: {out.error or 'engine error'}")
         self.has_output = True
         self.output_ids.extend(out.new_token_ids)
-        self.usage.completion_tokens = out.num_output_tokens
+        self.usage.completion_tokens = out.num_output_tokens + self.num_repair_tokens
         self.usage.cached_tokens = out.num_cached_tokens
         self.usage.spec_proposed_tokens = out.num_spec_proposed
         self.usage.spec_accepted_tokens = out.num_spec_accepted
@@ -87,6 +88,11 @@ class ChoiceState:
             if out.finished:  # the channels may say "tool_calls", or "length" for a call cut off
                 self.finish_reason = next(e.reason for e in events if isinstance(e, Finish))
         return events
+
+    def add_repair_tokens(self, num_tokens: int) -> None:
+        """Tokens a repair of one of its calls generated: counted as its completion tokens."""
+        self.num_repair_tokens += num_tokens
+        self.usage.completion_tokens += num_tokens
 
     def _echo(self, prompt_logprobs: list[TokenLogprob | None] | None) -> PromptEcho:
         pieces = token_pieces(self._tokenizer, [], self.prompt_ids, skip_special_tokens=False)

@@ -7,6 +7,9 @@ Dialect-free: it reads the neutral ToolDefinition / ToolChoice / OutputFormat
   Calls the model writes without its family's markers (bare JSON where the answer starts)
   are calls only when they name a declared tool with schema-valid, grounded arguments
   (argosy/chat/call_check.py); the check carries the tools' schemas and the conversation.
+  A call that parses but whose arguments fail its tool's schema (markers or not) is written
+  again under that schema's grammar while the request's repair budget lasts, else it comes
+  back as text named `tool_call_invalid` (argosy/core/tool_repair.py).
 - `none`: no tools in the prompt and no call parsing (call-looking text stays content).
 - `required`: a grammar forces one call (or several, with parallel_tool_calls) of any
   declared tool, each call's arguments valid for that tool's schema.
@@ -257,6 +260,7 @@ def plan_constraints(chat: ChatInput, call_syntax: CallSyntax) -> ChatConstraint
             can_call_in_parallel=parallel,
             is_call_forced=choice.is_forced,
             bare_calls=bare_call_check(chat) if is_bare_call_judged else None,
+            call_schemas={tool.name: tool.parameters for tool in chat.tools} if is_bare_call_judged else None,
         ),
     )
     if choice.is_forced:

@@ -36,6 +36,7 @@ from argosy.core.admission import Ticket
 from argosy.core.channels import ChannelSpec
 from argosy.core.choice import ChoiceState
 from argosy.core.recording import GenerationRecord, SessionSpec
+from argosy.core.tool_repair import TOOL_CALL_INVALID, ToolCallRepairs
 from argosy.engine.arrivals import Arrival
 from argosy.engine.outputs import RequestOutput
 from argosy.errors import ArgosyError
@@ -48,7 +49,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("argosy.api")
 
 # Named in `degraded` when a choice's tool call came back as text (ToolParseFailure.
-# is_call_left_as_text): the tools were offered, but that call could not be honoured as one.
+# is_call_left_as_text): the tools were offered, but that call could not be honoured as one;
+# `tool_call_invalid` (TOOL_CALL_INVALID) instead when it parsed but failed its tool's schema.
 TOOL_CALL_UNPARSED = "tool_call_unparsed"
 
 
@@ -104,7 +106,10 @@ class CoreStream:
     Time limit: past `timeout_s` from arrival the engine requests are stopped and every
     unfinished choice finishes "length"; `degraded` then names "request_timeout" (dialects
     put it in x-argosy-degraded, or in a stream's trailing comment); a tool call that came
-    back as text names "tool_call_unparsed" there. Sessions: `record` sees
+    back as text names "tool_call_unparsed" there ("tool_call_invalid" for a call that parsed
+    but failed its schema). Repairs: such a call is first written again under its schema's
+    grammar while the request's budget lasts (`repairs`, argosy/core/tool_repair.py), the
+    choice's events waiting for it. Sessions: `record` sees
     every event and commits them when the stream ends (`record.committed`). Shutdown: past
     the drain's grace, `abort(error)` ends it from outside with `error` (argosy/core/drain.py).
     """
@@ -138,6 +143,12 @@ class CoreStream:
         self.on_close: list[Callable[[], None]] = []  # called once as the stream ends
         self._max_buffered = max_buffered  # engine outputs waiting unread, then the cut
         self._abort_error: ArgosyError | None = None  # set by abort(): raised to the reader
+        channels = request.channels
+        self.repairs = (
+            ToolCallRepairs(engine, channels, stream_id=stream_id, qos=request.qos, deadline=self._deadline)
+            if channels is not None and channels.options.can_repair_calls  # budget 0: resolved as text
+            else None
+        )
 
     def effective_sampling(self) -> dict[str, Any]:
         """The sampling the engine runs (SamplingParams.effective of the first choice, after
@@ -253,9 +264,10 @@ class CoreStream:
                 yield None
                 continue
             except TimeoutError:
-                for event in self._time_out():
-                    self._observe(event)
-                    yield event
+                for choice, events in self._time_out():
+                    for event in await self._resolved(choice, events):
+                        self._observe(event)
+                        yield event
                 return
             if self._ticket is not None:
                 self._ticket.started()
@@ -269,11 +281,18 @@ class CoreStream:
             self.timing.stamp(index, item.num_output_tokens)
             if self.timing.queue_s is None:
                 self.timing.queue_s = item.queue_s
-            for event in choice.on_output(item):
+            for event in await self._resolved(choice, choice.on_output(item)):
                 self._observe(event)
                 yield event
             if item.finished:
                 num_unfinished -= 1
+
+    async def _resolved(self, choice: ChoiceState, events: list[Event]) -> list[Event]:
+        """A choice's events with its calls that failed their schemas resolved (repaired, or
+        text): no ToolCallInvalid leaves the core."""
+        if self.repairs is None or not self.repairs.needs(choice.index, events):
+            return events
+        return await self.repairs.process(choice, events)
 
     async def _next_output(self, heartbeat_s: float | None) -> tuple[int, RequestOutput | BaseException]:
         """The next engine output; TimeoutError past the request's deadline, _Heartbeat when
@@ -296,14 +315,14 @@ class CoreStream:
                 raise _Heartbeat from None
             raise
 
-    def _time_out(self) -> list[Event]:
+    def _time_out(self) -> list[tuple[ChoiceState, list[Event]]]:
         """The wall-clock limit passed: stop the engine requests and finish every unfinished
         choice with "length" (through its own on_output, so it ends as any choice ends)."""
         log.warning("%s: request timeout; stopping it (finish_reason length)", self.request.request_id)
         self.degraded.append("request_timeout")
         for task in self._tasks:
             task.cancel()
-        events: list[Event] = []
+        events: list[tuple[ChoiceState, list[Event]]] = []
         for choice in self.choices:
             if choice.finish_reason is not None:
                 continue
@@ -316,7 +335,7 @@ class CoreStream:
                 finished=True,
                 finish_reason="length",
             )
-            events.extend(choice.on_output(last))
+            events.append((choice, choice.on_output(last)))
         return events
 
     def _is_over_buffer(self) -> bool:
@@ -348,9 +367,10 @@ class CoreStream:
     def _observe(self, event: Event) -> None:
         if self.record is not None:
             self.record.add(event)
-        is_unparsed = isinstance(event, ToolParseFailure) and event.is_call_left_as_text
-        if is_unparsed and TOOL_CALL_UNPARSED not in self.degraded:
-            self.degraded.append(TOOL_CALL_UNPARSED)
+        if isinstance(event, ToolParseFailure) and event.is_call_left_as_text:
+            name = TOOL_CALL_INVALID if event.is_invalid_call else TOOL_CALL_UNPARSED
+            if name not in self.degraded:
+                self.degraded.append(name)
 
     async def _pump(self, choice: ChoiceState) -> None:
         outputs = self._engine.generate(

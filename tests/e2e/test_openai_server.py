@@ -66,6 +66,12 @@ def test_health_and_models(http: httpx.Client, client: openai.OpenAI) -> None:
     assert http.get("/health").json() == {"status": "ok", "models": {MODEL: "loaded"}}
     (model,) = client.models.list().data
     assert model.id == MODEL
+    extra = model.model_extra or {}
+    assert extra["n_ctx"] == extra["max_model_len"] == 8192  # the reference's name too
+    assert extra["capabilities"]["reasoning_effort"] is None  # SmolLM2's template reads none
+    support = extra["capabilities"]["modality_support"]
+    assert support["text"] is True and support["image"] == "no vision encoder"
+    assert support["audio"] == "no audio encoder"
     caps = http.get(f"/v1/models/{MODEL}").json()["capabilities"]
     assert caps["context_length"] == 8192
     assert caps["modalities"] == ["text"]

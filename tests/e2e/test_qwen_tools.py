@@ -367,3 +367,129 @@ def test_anthropic_and_ollama_clients_get_the_call(run: Run) -> None:
         ("get_weather", "Paris")
     ]
     assert not reply.message.content
+
+
+# ---- the guardrail: a call that fails its schema is written again under it, or is text
+
+# Greedy, the 0.5B writes this call bare with `"degrees": 20`, which the schema's minimum
+# refuses; the repair writes the arguments again under the schema's grammar (`50`, measured).
+THERMOSTAT: dict[str, Any] = {
+    "type": "object",
+    "properties": {"room": {"type": "string"}, "degrees": {"type": "integer", "minimum": 50, "maximum": 90}},
+    "required": ["room", "degrees"],
+}
+THERMOSTAT_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "set_thermostat",
+        "description": "Set a room's thermostat in fahrenheit",
+        "parameters": THERMOSTAT,
+    },
+}
+THERMOSTAT_ASK = [{"role": "user", "content": "Set the living room thermostat to 20 degrees."}]
+REPAIR_MAX_TOKENS = 40  # the bare call is 27 tokens; its repair ~14 more (counted in usage)
+
+
+def _thermostat(client: openai.OpenAI, model_id: str, **fields: Any) -> Any:
+    return client.chat.completions.with_raw_response.create(
+        model=model_id,
+        messages=THERMOSTAT_ASK,  # type: ignore[arg-type]
+        tools=[THERMOSTAT_TOOL],
+        temperature=0,
+        max_tokens=REPAIR_MAX_TOKENS,
+        **fields,
+    )
+
+
+def _thermostat_frames(base_url: str, model_id: str) -> list[str]:
+    body = {
+        "model": model_id,
+        "messages": THERMOSTAT_ASK,
+        "tools": [THERMOSTAT_TOOL],
+        "temperature": 0,
+        "max_tokens": REPAIR_MAX_TOKENS,
+        "stream": True,
+        "tool_repair_budget": 0,
+    }
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=300) as response:
+        return response.read().decode().split("\n\n")
+
+
+def _thermostat_anthropic(base_url: str, model_id: str) -> Any:
+    tool = {k: v for k, v in THERMOSTAT_TOOL["function"].items() if k != "parameters"}
+    with anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0, timeout=300) as sdk:
+        return sdk.messages.create(
+            model=model_id,
+            messages=THERMOSTAT_ASK,  # type: ignore[arg-type]
+            tools=[{**tool, "input_schema": THERMOSTAT}],  # type: ignore[list-item]
+            max_tokens=REPAIR_MAX_TOKENS,
+            extra_body={"temperature": 0},
+        )
+
+
+@pytest.fixture(scope="module")
+def repairs(qwen_server: ServerProcess, client: openai.OpenAI, model_id: str) -> dict[str, Any]:
+    jobs: dict[str, Callable[[], Any]] = {
+        "repaired": lambda: _thermostat(client, model_id),
+        "streamed": lambda: list(
+            client.chat.completions.create(
+                model=model_id,
+                messages=THERMOSTAT_ASK,  # type: ignore[arg-type]
+                tools=[THERMOSTAT_TOOL],
+                temperature=0,
+                max_tokens=REPAIR_MAX_TOKENS,
+                stream=True,
+            )
+        ),
+        "off": lambda: _thermostat(client, model_id, extra_body={"tool_repair_budget": 0}),
+        "off_frames": lambda: _thermostat_frames(qwen_server.base_url, model_id),
+        "anthropic": lambda: _thermostat_anthropic(qwen_server.base_url, model_id),
+        "ollama_off": lambda: httpx.post(
+            f"{qwen_server.base_url}/api/chat",
+            json={
+                "model": model_id,
+                "messages": THERMOSTAT_ASK,
+                "tools": [THERMOSTAT_TOOL],
+                "options": {"temperature": 0, "num_predict": REPAIR_MAX_TOKENS},
+                "stream": False,
+                "tool_repair_budget": 0,
+            },
+            timeout=300,
+        ),
+    }
+    return dict(zip(jobs, _in_parallel(list(jobs.values())), strict=True))
+
+
+def test_a_call_failing_its_schema_is_repaired_by_default(repairs: dict[str, Any]) -> None:
+    raw = repairs["repaired"]
+    choice = raw.parse().choices[0]
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "set_thermostat" and choice.finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(call.function.arguments), THERMOSTAT)  # the model wrote 20
+    assert not choice.message.content and "x-argosy-degraded" not in raw.headers
+    streamed = [c.choices[0].delta for c in repairs["streamed"] if c.choices]
+    arguments = "".join(f.function.arguments or "" for d in streamed for f in d.tool_calls or [])
+    assert arguments == call.function.arguments
+    assert not "".join(d.content or "" for d in streamed)
+
+
+def test_with_no_repair_budget_the_call_is_text_named_tool_call_invalid(repairs: dict[str, Any]) -> None:
+    raw = repairs["off"]
+    choice = raw.parse().choices[0]
+    assert not choice.message.tool_calls and choice.finish_reason == "stop"
+    written = json.loads(choice.message.content or "")
+    assert written["name"] == "set_thermostat" and written["arguments"]["degrees"] == 20
+    assert raw.headers["x-argosy-degraded"] == "tool_call_invalid"
+    assert ": x-argosy-degraded: tool_call_invalid" in repairs["off_frames"]
+
+
+def test_anthropic_and_ollama_clients_get_the_same_guardrail(repairs: dict[str, Any]) -> None:
+    message = repairs["anthropic"]
+    assert message.stop_reason == "tool_use" and [b.type for b in message.content] == ["tool_use"]
+    jsonschema.validate(message.content[0].input, THERMOSTAT)
+    reply = repairs["ollama_off"]
+    assert (
+        not reply.json()["message"].get("tool_calls")
+        and '"set_thermostat"' in reply.json()["message"]["content"]
+    )
+    assert reply.headers["x-argosy-degraded"] == "tool_call_invalid"

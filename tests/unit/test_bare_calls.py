@@ -165,9 +165,7 @@ CASES = [
         '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "kelvin"}}',
         "invalid_arguments",
     ),
-    text_case(
-        "arguments-not-an-object", '{"name": "get_weather", "arguments": ["Paris"]}', "invalid_arguments"
-    ),
+    text_case("arguments-not-an-object", '{"name": "get_weather", "arguments": ["Paris"]}', "bad_arguments"),
     text_case("ungrounded", LONDON, "ungrounded_arguments"),
     text_case(  # "celsius" restates the schema's enum: no evidence
         "enum-value-is-no-evidence",

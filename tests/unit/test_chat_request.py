@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -42,6 +42,7 @@ from argosy.chat.template import ChatTemplate
 from argosy.core.channels import ChannelSpec, ChoiceChannels
 from argosy.core.chat_request import PreparedChat, prepare_chat
 from argosy.core.constraints import guide_spec, plan_constraints
+from argosy.core.service import ServiceOptions
 from argosy.engine.grammar_service import GrammarService
 from argosy.errors import InvalidRequestError
 from argosy.runner.structured import (
@@ -273,11 +274,12 @@ def test_what_cannot_be_honoured_together_is_named() -> None:
 
 @dataclass
 class ChatCore:
-    """The two things prepare_chat asks of the core: the model's chat profile and grammars
-    compiled where its engine runs (here: a GrammarService of our own)."""
+    """What prepare_chat asks of the core: the model's chat profile, grammars compiled where
+    its engine runs (here: a GrammarService of our own), and its options (the repair budget)."""
 
     profile: ChatProfile
     grammar: GrammarService
+    options: ServiceOptions = field(default_factory=ServiceOptions)
 
     def chat_profile(self) -> ChatProfile:
         return self.profile
@@ -327,6 +329,23 @@ def test_prepare_a_forced_call(smollm2_core: ChatCore) -> None:
     assert request.prompts == [prepared.prompt_ids] and request.n == 2 and request.prompt_param == "messages"
     assert request.channels is prepared.channels and request.guide is prepared.guide
     assert request.sampling.skip_special_tokens is None  # SmolLM2's markers are plain text
+
+
+@pytest.mark.parametrize(
+    ("server_budget", "request_budget", "budget"), [(1, None, 1), (0, None, 0), (1, 0, 0), (0, 2, 2)]
+)
+def test_the_request_repair_budget_wins_over_the_server_one(
+    smollm2_core: ChatCore, server_budget: int, request_budget: int | None, budget: int
+) -> None:
+    core = ChatCore(
+        smollm2_core.profile, smollm2_core.grammar, ServiceOptions(tool_repair_budget=server_budget)
+    )
+    prepared = prepare(core, chat(tools=[WEATHER], tool_repair_budget=request_budget))
+    assert prepared.channels.repair_budget == budget
+    assert prepared.channels.options.can_repair_calls is (budget > 0)
+    assert prepared.channels.options.call_schemas == {"get_weather": WEATHER.parameters}
+    forced = prepare(core, chat(tools=[WEATHER], tool_choice=ToolChoice("required"), tool_repair_budget=1))
+    assert not forced.channels.options.can_repair_calls  # a forced call is the grammar's
 
 
 def test_prepare_plain_chat_has_channels_and_no_grammar(smollm2_core: ChatCore) -> None:

@@ -70,7 +70,9 @@ KNOWN_BETAS = frozenset(
     {
         "token-counting-2024-11-01",  # /v1/messages/count_tokens
         "prompt-caching-2024-07-31",  # the prefix cache is automatic
-        "fine-grained-tool-streaming-2025-05-14",  # input_json_delta streams as it is decoded
+        # input_json_delta streams as it is decoded (a forced call; an `auto` call of a tool
+        # with a schema is sent once its arguments pass it: argosy/chat/call_guard.py)
+        "fine-grained-tool-streaming-2025-05-14",
         "interleaved-thinking-2025-05-14",  # reasoning may open between tool calls
         "output-128k-2025-02-19",  # max_tokens is bounded by the model's context only
         "structured-outputs-2025-11-13",  # output_config.format / strict tools
@@ -244,6 +246,13 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # an Argosy extension
+    # an Argosy extension: calls failing their schema repaired per request (None: the server's)
+    tool_repair_budget: int | None = Field(None, ge=0)
+
+    def chat_input(self) -> ChatInput:
+        chat = super().chat_input()
+        chat.tool_repair_budget = self.tool_repair_budget
+        return chat
 
     def sampling(self) -> RequestSampling:
         return RequestSampling(

@@ -33,11 +33,17 @@ from argosy.chat.messages import (
     ToolChoiceMode,
     ToolDefinition,
 )
+from argosy.chat.modalities import media_refusal
 from argosy.errors import InvalidRequestError
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 # block type -> what a client sent, in the words of the refusal
-MEDIA_BLOCKS = {"image": "images", "document": "documents", "search_result": "search results"}
+# block type -> (what a client sent, in the words of the refusal; its medium: why it is refused)
+MEDIA_BLOCKS: dict[str, tuple[str, str | None]] = {
+    "image": ("images", "image"),
+    "document": ("documents", "file"),
+    "search_result": ("search results", None),
+}
 _TOOL_CHOICE_MODES: dict[str, ToolChoiceMode] = {"auto": "auto", "any": "required", "none": "none"}
 TOOL_ID_PREFIX = "toolu_"
 TOOL_ERROR_PREFIX = "Error: "  # a tool_result with is_error: its text, so marked for the model
@@ -78,9 +84,10 @@ def _string(block: dict[str, Any], key: str, where: str) -> str:
 
 def _refuse_block(kind: str, where: str) -> InvalidRequestError:
     if kind in MEDIA_BLOCKS:
-        return InvalidRequestError(
-            f"This model does not accept {MEDIA_BLOCKS[kind]} ('{where}' is {kind!r}).", where
-        )
+        what, medium = MEDIA_BLOCKS[kind]
+        if medium is not None:
+            return InvalidRequestError(media_refusal(what, where, kind, medium), where)
+        return InvalidRequestError(f"This model does not accept {what} ('{where}' is {kind!r}).", where)
     return InvalidRequestError(f"'{where}' has unsupported type {kind!r}.", f"{where}.type")
 
 

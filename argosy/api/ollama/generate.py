@@ -67,6 +67,7 @@ from argosy.chat.events import (
 )
 from argosy.chat.fim import fim_max_tokens
 from argosy.chat.messages import ChatInput, Message
+from argosy.chat.modalities import MEDIA_REASONS
 from argosy.core.admission import QOS_HEADER
 from argosy.core.chat_request import PreparedChat, prepare_chat
 from argosy.core.constraints import check_chat_options
@@ -86,7 +87,9 @@ _DEGRADED_NAMES = {"response_format": "format"}
 
 def _images_refused(where: str, model: str) -> InvalidRequestError:
     return InvalidRequestError(
-        f"Invalid '{where}': model \"{model}\" reads text only; it cannot take images.", where
+        f"Invalid '{where}': model \"{model}\" reads text only; it cannot take images "
+        f"({MEDIA_REASONS['image']}).",
+        where,
     )
 
 
@@ -94,6 +97,8 @@ class ChatRequest(GenerationFields):
     messages: list[ChatMessage] = Field(default_factory=list)
     tools: list[Any] | None = None
     tool_choice: Any = None  # an Argosy extension (wire.tool_choice_of)
+    # an Argosy extension: calls failing their schema repaired per request (None: the server's)
+    tool_repair_budget: int | None = Field(None, ge=0)
     _chat: ChatInput | None = PrivateAttr(default=None)
 
     def check(self) -> None:
@@ -119,6 +124,7 @@ class ChatRequest(GenerationFields):
                 template_kwargs=self.think_kwargs(),
                 add_generation_prompt=not prefill,
                 continue_final_message=prefill,
+                tool_repair_budget=self.tool_repair_budget,
             )
         return self._chat
 

@@ -156,6 +156,9 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: str | None = None  # a template variable (honoured if the template reads it)
     # Qwen3's switch, as vLLM and SGLang take it at the top level (chat_template_kwargs' wins)
     enable_thinking: bool | None = None
+    # an Argosy extension: `auto` calls failing their tool's schema written again under its
+    # grammar, at most this many (0: none, sent back as text); None: --tool-repair-budget
+    tool_repair_budget: int | None = Field(None, ge=0)
     metadata: dict[str, str] | None = None  # kept with a stored completion's session
     # vLLM's: the prompt ends with a new assistant turn (the default), or with no new turn, or
     # with the final assistant message left open and continued (the reply is the continuation)
@@ -195,6 +198,7 @@ class ChatCompletionRequest(SamplingFields):
                 parallel_tool_calls=self.parallel_tool_calls,
                 response_format=self.response_format,
             )
+            self._chat.tool_repair_budget = self.tool_repair_budget
         return self._chat
 
     def degraded_fields(self) -> list[str]:

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from argosy.chat.modalities import media_refusal
 from argosy.errors import InvalidRequestError
 
-# part type -> what a client sent, in the words of the refusal
+# part type -> (what a client sent, in the words of the refusal; its medium: why it is refused)
 MEDIA_PARTS = {
-    "image_url": "images",
-    "input_image": "images",
-    "input_audio": "audio",
-    "file": "files",
-    "input_file": "files",
-    "video_url": "video",
+    "image_url": ("images", "image"),
+    "input_image": ("images", "image"),
+    "input_audio": ("audio", "audio"),
+    "file": ("files", "file"),
+    "input_file": ("files", "file"),
+    "video_url": ("video", "video"),
 }
 
 
@@ -42,9 +43,8 @@ def text_of_parts(
         elif refusals and kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
         elif kind in MEDIA_PARTS:
-            raise InvalidRequestError(
-                f"This model does not accept {MEDIA_PARTS[kind]} ('{part_where}' is {kind!r}).", part_where
-            )
+            what, medium = MEDIA_PARTS[kind]
+            raise InvalidRequestError(media_refusal(what, part_where, kind, medium), part_where)
         elif kind in text_types:
             raise InvalidRequestError(f"'{part_where}' is a text part without a string 'text'.", part_where)
         elif kind is None:

@@ -6,6 +6,7 @@ package with a `FAMILY` and an entry in the registry (families/__init__.py).
 
 from __future__ import annotations
 
+import json
 import secrets
 import string
 from collections.abc import Callable, Container
@@ -49,6 +50,15 @@ class CallSyntax:
     name_keys: tuple[str, ...] = ("name",)
     args_keys: tuple[str, ...] = ("arguments", "parameters")
     args_key: str = "arguments"
+
+    def call_opening(self, name: str, *, is_marked: bool) -> str:
+        """A call of `name` written up to its arguments value, as this family writes one
+        (`is_marked`: with its opening marker; else the bare object's start)."""
+        marker = self.open_marker if is_marked and self.open_marker else ""
+        if marker and self.args_marker:
+            return f"{marker}{name}{self.args_marker}"
+        newline = "\n" if marker and self.close_marker else ""
+        return f'{marker}{newline}{{"{self.name_keys[0]}": {json.dumps(name)}, "{self.args_key}": '
 
 
 @dataclass(frozen=True, slots=True)
