@@ -68,6 +68,7 @@ _HELP = {
     "max_concurrent_loads": "model loads running at once",
     "model_load_timeout": "seconds a request waits for its model to load, then 503 + Retry-After",
     "sse_keepalive_s": "seconds without a frame before an OpenAI SSE stream sends a ': keep-alive' comment (default 15; 0: off)",
+    "tool_repair_budget": "auto tool calls failing their tool's schema written again under its grammar, per request (default 1; 0: off, the call comes back as text named tool_call_invalid)",
     "max_rerank_documents": "documents one rerank request (pairs one /v1/score request) may hold (default 1000)",
     "max_stream_buffer": "engine outputs a streaming client may leave unread before its generation is stopped (slow_reader)",
     "api_key": "an API key every route but /health then needs (Authorization: Bearer KEY or x-api-key: KEY); repeatable",
@@ -347,11 +348,14 @@ def parse_model_arg(text: str) -> ModelSpec:
 
 def model_kind(source: str) -> str:
     """embedding for a registered embedding name or a sentence-transformers folder; rerank for a
-    cross-encoder folder (a BERT *ForSequenceClassification); transcription or speech for an
-    audio model (argosy/audio/sources.py); image for a diffusers pipeline folder; else chat."""
+    cross-encoder folder (a BERT *ForSequenceClassification) or a causal LM reranker's (a
+    *ForCausalLM folder named *reranker*); transcription or speech for an
+    audio model (argosy/audio/sources.py); image for a diffusers pipeline folder; music for a
+    MusicGen folder; else chat."""
+    from argosy.audio.music import is_musicgen_folder
     from argosy.audio.sources import audio_kind
     from argosy.images.service import is_diffusers_folder
-    from argosy.models.cross_encoder import is_cross_encoder_folder
+    from argosy.models.cross_encoder import is_causal_reranker_folder, is_cross_encoder_folder
     from argosy.models.embedding_source import EMBEDDING_REGISTRY
 
     kind = audio_kind(source)
@@ -359,10 +363,12 @@ def model_kind(source: str) -> str:
         return kind
     if is_diffusers_folder(source):
         return "image"
+    if is_musicgen_folder(source):
+        return "music"
 
     if source in EMBEDDING_REGISTRY:
         return "embedding"
-    if is_cross_encoder_folder(source):
+    if is_cross_encoder_folder(source) or is_causal_reranker_folder(source):
         return "rerank"
     folder = Path(source).expanduser()
     if folder.is_dir() and (

@@ -4,7 +4,8 @@ A chat model becomes an AsyncEngine (built on its own engine thread) behind a Mo
 an embedding model an AsyncEmbeddingEngine behind an EmbeddingService; a cross-encoder (kind
 rerank) a CrossEncoderEngine on the same worker behind a RerankService; an audio model (kind
 transcription or speech) a TranscriptionService or SpeechService (argosy/audio/); an image
-model a diffusers pipeline behind an ImageService (argosy/images/). Runs on a worker
+model a diffusers pipeline behind an ImageService (argosy/images/); a music model a MusicGen
+folder behind a MusicService (argosy/audio/music.py). Runs on a worker
 thread (the registry's), never on the event loop.
 """
 
@@ -36,13 +37,21 @@ class LocalModelLoader:
             from argosy.images.service import ImageService
 
             return ImageService(spec.id, spec.source)
+        if spec.kind == "music":
+            from argosy.audio.music import MusicService
+
+            return MusicService(spec.id, spec.source)
         if spec.kind == "embedding":
             from argosy.engine.embedding_engine import AsyncEmbeddingEngine, EmbeddingEngine
 
             source, max_len = spec.source, spec.max_model_len
             encoder = AsyncEmbeddingEngine(lambda: EmbeddingEngine(source, max_input_tokens=max_len))
             return EmbeddingService(spec.id, encoder)
-        if spec.kind == "rerank":
+        from argosy.models.cross_encoder import is_cross_encoder_folder
+
+        # kind rerank over a causal LM (a Qwen3-Reranker folder): its own chat engine below,
+        # scored as a yes/no judge (core/judge_scorer.py)
+        if spec.kind == "rerank" and is_cross_encoder_folder(spec.source):
             from argosy.core.rerank_service import RerankService
             from argosy.engine.cross_encoder_engine import CrossEncoderEngine
             from argosy.engine.embedding_engine import AsyncEmbeddingEngine

@@ -13,6 +13,9 @@ as its token budget allows (one for 64 short documents) and coalesces concurrent
   query and every document is embedded once, all in one batch. Texts past the model's length
   are cut (the closing special token kept), as sentence-transformers cuts them.
 
+- JudgeScorer (core/judge_scorer.py): a causal LM reranker (kind `rerank` over a causal LM,
+  as Qwen3-Reranker ships): P(yes) of its yes/no judgement, run on its own engine.
+
 A chat model has no scorer here: the routes name only these kinds, so the registry refuses
 one with a 400 naming the model and its kind before anything loads.
 """
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from argosy.core.embedding_service import EmbeddingService, EncoderService
+from argosy.core.service import ModelService
 from argosy.errors import InvalidRequestError
 
 # the model kinds that can score pairs, in the order a request naming no model looks for them
@@ -52,10 +56,14 @@ def scorer_of(service: object) -> Scorer:
         return service
     if isinstance(service, EmbeddingService):
         return EmbeddingScorer(service)
+    if isinstance(service, ModelService) and service.options.kind == "rerank":
+        from argosy.core.judge_scorer import JudgeScorer
+
+        return JudgeScorer(service)
     model_id = getattr(service, "model_id", "?")
     raise InvalidRequestError(
         f"The model {model_id!r} cannot score text pairs: it is neither a cross-encoder (rerank) "
-        "nor an embedding model.",
+        "nor an embedding model, nor a causal LM reranker.",
         param="model",
         code="wrong_model_kind",
     )

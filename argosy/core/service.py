@@ -90,6 +90,8 @@ class ModelInfo:
     languages: tuple[str, ...] | None = None  # transcription models: the languages it knows
     voices: tuple[str, ...] | None = None  # speech models: the voices it speaks
     description: str | None = None  # audio models: what the model is
+    # the `reasoning_effort` values its chat template takes (None: it does not read one)
+    reasoning_effort_levels: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -102,6 +104,8 @@ class ServiceOptions:
     request_timeout: float | None = 600.0
     max_stream_buffer: int | None = 4096  # engine outputs a slow reader may leave unread
     chat_template: str | None = None  # the models file's, over the model's own
+    tool_repair_budget: int = 1  # per request (argosy/core/tool_repair.py); a request's own wins
+    kind: str = "chat"  # "rerank": a causal LM reranker, serving rerank and score (core/judge_scorer.py)
 
     @classmethod
     def of(cls, spec: ModelSpec, server: ServerConfig, speculative: str) -> ServiceOptions:
@@ -112,6 +116,8 @@ class ServiceOptions:
             request_timeout=server.request_timeout,
             max_stream_buffer=server.max_stream_buffer,
             chat_template=spec.chat_template,
+            tool_repair_budget=server.tool_repair_budget,
+            kind=spec.kind,
         )
 
 
@@ -212,7 +218,7 @@ class ModelService:
         return ModelInfo(
             id=self.model_id,
             created=self.created,
-            kind="chat",
+            kind=self.options.kind,
             state=state if self.client.is_alive else "dead",
             is_loaded=True,
             context_length=description.context_length,
@@ -233,6 +239,9 @@ class ModelService:
             kernels=description.kernels,
             deterministic=description.deterministic,
             has_thinking=self._chat_profile is not None and self._chat_profile.has_reasoning,
+            reasoning_effort_levels=(
+                self._chat_profile.reasoning_effort_levels() if self._chat_profile is not None else None
+            ),
             has_tools=self._chat_profile is not None,
             memory_bytes=description.memory_bytes,
             tensor_formats=description.tensor_formats,

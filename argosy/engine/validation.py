@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from argosy.config import QOS_CLASSES
 from argosy.errors import ContextLengthExceededError, InvalidRequestError
-from argosy.runner.pooler import POOLING_METHODS
+from argosy.runner.pooler import POOLING_METHODS, pooling_token_ids
 from argosy.sampling_params import SamplingParams
 
 # a pooling request's params: it is never sampled
@@ -50,8 +50,14 @@ def validate_pooling_request(
     prompt_token_ids: list[int], pooling: str, qos: str, vocab_size: int, max_model_len: int
 ) -> None:
     """A prefill-only request: its input takes at most the whole context (no completion)."""
-    if pooling not in POOLING_METHODS:
+    if pooling.partition(":")[0] not in POOLING_METHODS:
         raise InvalidRequestError(f"Unknown pooling {pooling!r}; use one of {', '.join(POOLING_METHODS)}.")
+    try:
+        token_ids = pooling_token_ids(pooling) or []
+    except ValueError as exc:
+        raise InvalidRequestError(f"Bad pooling {pooling!r}: {exc}.") from exc
+    if any(not 0 <= token_id < vocab_size for token_id in token_ids):
+        raise InvalidRequestError(f"Bad pooling {pooling!r}: a token id is outside the vocabulary.")
     n = len(prompt_token_ids)
     if n > max_model_len:
         raise ContextLengthExceededError(

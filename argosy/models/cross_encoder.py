@@ -78,6 +78,22 @@ def is_cross_encoder_folder(source: str | Path) -> bool:
     )
 
 
+def is_causal_reranker_folder(source: str | Path) -> bool:
+    """Whether `source` is a folder of a causal LM reranker, scored by its yes/no judgement
+    (core/judge_scorer.py): a *ForCausalLM whose folder name says reranker, as
+    Qwen3-Reranker-0.6B does. (Any causal LM serves this way with `kind = "rerank"` in the
+    models file.)"""
+    folder = Path(source).expanduser()
+    if "reranker" not in folder.name.lower():
+        return False
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    return any(str(name).endswith("ForCausalLM") for name in architectures or [])
+
+
 def load_cross_encoder_source(source: str | Path) -> CrossEncoderSource:
     """The cross-encoder in folder `source`; ModelLoadError when it is not one we run."""
     folder = Path(source).expanduser()

@@ -28,7 +28,7 @@ from argosy.ops.attention import (
 )
 from argosy.runner.compiled import MIN_BLOCKS, CompiledDecoder
 from argosy.runner.cuda_graphs import CudaGraphDecoder, buckets_up_to
-from argosy.runner.pooler import MeanPooler
+from argosy.runner.pooler import MeanPooler, pooling_token_ids
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob, take_rows
 from argosy.runner.spec_decode import Verified, verify_batch
 
@@ -220,8 +220,18 @@ class ModelRunner:
         return result
 
     def _pool(self, rows: torch.Tensor, req: ScheduledRequest, result: StepResult) -> None:
-        """Add a pooling chunk's hidden rows; its vector once the chunk ends the input."""
+        """Add a pooling chunk's hidden rows; its vector once the chunk ends the input. A
+        logits pooling: the named tokens' fp32 logits at the input's last row."""
         seq = req.seq
+        token_ids = pooling_token_ids(seq.pooling or "")
+        if token_ids is not None:
+            if req.is_last_chunk:
+                logits = self.model.compute_logits(rows[-1:]).float()[0, token_ids].cpu()
+                if bool(torch.isfinite(logits).all()):
+                    result.pooled[seq.request_id] = logits.tolist()
+                else:
+                    result.failed[seq.request_id] = NON_FINITE
+            return
         self.pooler.add(seq.request_id, seq.num_computed_tokens, rows)
         if req.is_last_chunk:
             vector = self.pooler.finish(seq.request_id, seq.num_tokens)

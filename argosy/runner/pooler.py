@@ -9,13 +9,30 @@ normalised in float32: what transformers gives as `last_hidden_state.mean(1)` th
 
 Invariant: a chunk starting at token 0 starts a fresh sum, so a request that was preempted
 (its KV freed, recomputed from its first token) is pooled exactly once per token.
+
+The other pooling, `logits:ID,ID,...`, reads the logits of those tokens at the input's last
+position (an LLM reranker's "no" and "yes", core/judge_scorer.py): the model runner computes
+them from the last chunk's last row; no state is kept between chunks.
 """
 
 from __future__ import annotations
 
 import torch
 
-POOLING_METHODS = ("mean",)
+POOLING_METHODS = ("mean", "logits")
+LOGITS_POOLING = "logits"
+
+
+def pooling_token_ids(pooling: str) -> list[int] | None:
+    """The token ids of a `logits:ID,ID,...` pooling (None for another method); ValueError
+    when the ids are missing or not integers."""
+    method, _, ids = pooling.partition(":")
+    if method != LOGITS_POOLING:
+        return None
+    token_ids = [int(token) for token in ids.split(",")] if ids else []
+    if not token_ids:
+        raise ValueError("a logits pooling names its token ids: logits:ID,ID,...")
+    return token_ids
 
 
 class MeanPooler:

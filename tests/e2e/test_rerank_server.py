@@ -42,6 +42,13 @@ id = "tiny-reranker"
 source = "{reranker}"
 
 [[model]]
+id = "tiny-judge"
+source = "{judge}"
+quantization = "none"
+compile = "off"
+max_model_len = 512
+
+[[model]]
 id = "smollm2"
 source = "smollm2"
 quantization = "none"
@@ -58,9 +65,57 @@ def reranker_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, reranker_folder: Path) -> Iterator[ServerProcess]:
-    toml = MODELS_TOML.format(reranker=reranker_folder)
-    with models_server(tmp_path_factory.mktemp("rerank"), toml) as process:
+def judge_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3 causal LM named as a reranker, with SmolLM2's tokenizer (which has
+    single 'yes' and 'no' tokens): served as a yes/no judge, as Qwen3-Reranker is."""
+    import json
+
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from argosy.models.gguf_config import read_gguf_metadata
+    from argosy.models.gguf_convert import open_gguf
+    from argosy.models.gguf_tokenizer import build_tokenizer, build_tokenizer_config
+    from argosy.models.loader import MODEL_REGISTRY
+
+    folder = tmp_path_factory.mktemp("judge") / "tiny-qwen3-reranker"
+    folder.mkdir()
+    metadata = read_gguf_metadata(open_gguf(MODEL_REGISTRY["smollm2"]()))
+    tokenizer = build_tokenizer(metadata)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = build_tokenizer_config(metadata) | {"add_bos_token": False}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    model_config = Qwen3Config(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(5)
+    model = Qwen3ForCausalLM(model_config).float().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.normal_(0.0, 0.3)
+            if name.endswith("norm.weight"):
+                param.add_(1.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, reranker_folder: Path, judge_folder: Path
+) -> Iterator[ServerProcess]:
+    toml = MODELS_TOML.format(reranker=reranker_folder, judge=judge_folder)
+    # float32: the judge is compared with transformers' float32 (the chat models' dtype)
+    with models_server(
+        tmp_path_factory.mktemp("rerank"), toml, extra_flags=["--dtype", "float32"]
+    ) as process:
         yield process
 
 
@@ -194,9 +249,37 @@ def test_a_cross_encoder_folder_serves_rerank(http: httpx.Client, reranker_folde
     assert listed["capabilities"]["kind"] == "rerank"
 
 
+def test_a_causal_lm_reranker_scores_p_yes_as_transformers(http: httpx.Client, judge_folder: Path) -> None:
+    """Qwen3-Reranker's way: P(yes) over yes/no at the judging prompt's last position, every
+    document one batched prefill on the model's engine; equal to transformers' float32."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from argosy.core.judge_scorer import judge_prompt
+
+    answer = post(http, "/v1/rerank", {"model": "tiny-judge", "query": QUERY, "documents": DOCUMENTS})
+    tokenizer = Tokenizer.from_file(str(judge_folder / "tokenizer.json"))
+    model = AutoModelForCausalLM.from_pretrained(judge_folder, dtype=torch.float32).eval()
+    yes, no = tokenizer.token_to_id("yes"), tokenizer.token_to_id("no")
+    expected = []
+    for document in DOCUMENTS:
+        ids = tokenizer.encode(judge_prompt(QUERY, document), add_special_tokens=False).ids
+        with torch.inference_mode():
+            last = model(torch.tensor([ids])).logits[0, -1]
+        expected.append(float(torch.softmax(last[[no, yes]], dim=0)[1]))
+    scores = {r["index"]: r["relevance_score"] for r in answer["results"]}
+    assert [scores[i] for i in range(len(DOCUMENTS))] == pytest.approx(expected, abs=1e-4)
+    assert len(set(expected)) == len(expected)  # random weights, yet five distinct scores
+    listed = http.get("/v1/models/tiny-judge").json()
+    assert listed["capabilities"]["kind"] == "rerank"
+    scored = post(http, "/v1/score", {"model": "tiny-judge", "text_1": QUERY, "text_2": DOCUMENTS[2]})
+    assert scored["data"][0]["score"] == pytest.approx(expected[2], abs=1e-4)
+
+
 def test_no_model_named_uses_a_scorer(http: httpx.Client) -> None:
     answer = post(http, "/v1/rerank", {"query": QUERY, "documents": DOCUMENTS[:2]})
-    assert answer["model"] in ("minilm", "tiny-reranker")
+    assert answer["model"] in ("minilm", "tiny-reranker", "tiny-judge")
 
 
 @pytest.mark.parametrize(
