@@ -11,7 +11,7 @@ that has no grammar, and prepare_chat on a Qwen3-style template (the guide it bu
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -23,6 +23,7 @@ from argosy.chat.profile import ChatProfile
 from argosy.chat.template import ChatTemplate
 from argosy.core.chat_request import PreparedChat, prepare_chat
 from argosy.core.constraints import guide_spec
+from argosy.core.service import ServiceOptions
 from argosy.engine.async_engine import AsyncEngine
 from argosy.runner.structured import (
     GrammarSpec,
@@ -194,6 +195,7 @@ QWEN_THINKING_OPEN = (
 @dataclass
 class ProfileCore:
     profile: ChatProfile
+    options: ServiceOptions = field(default_factory=ServiceOptions)  # the tool-repair budget's default
 
     def chat_profile(self) -> ChatProfile:
         return self.profile
