@@ -198,15 +198,4 @@ class LogprobsDelta:
     logprobs: list[TokenLogprobs]
 
 
-Event = (
-    PromptEcho
-    | TextDelta
-    | ReasoningDelta
-    | ToolCallStart
-    | ToolCallArgsDelta
-    | ToolCallEnd
-    | ToolParseFailure
-    | ToolCallInvalid
-    | LogprobsDelta
-    | Finish
-)
+Event = PromptEcho | ChannelEvent | LogprobsDelta | Finish

@@ -21,12 +21,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from argosy.core.engine_client import PoolingEngineClient
 from argosy.core.service import ModelInfo, ModelService
 from argosy.engine.arrivals import Arrival
 from argosy.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from argosy.engine.outputs import RequestOutput
 
 
 @dataclass(slots=True)
@@ -179,24 +182,33 @@ class ChatEmbedder:
                     param=param if is_single else f"{param}[{index}]",
                 )
         limit, vocab_size = self.max_input_tokens, self.description.vocab_size
-        return checked_lengths(inputs, limit, vocab_size, param, truncate, is_single, _leading)
+        return checked_lengths(inputs, limit, vocab_size, param, truncate, is_single, leading_tokens)
 
     async def embed(self, inputs: list[list[int]]) -> EmbeddingResult:
-        client = self.service.require_engine()
-        if not self.service.can_pool or not isinstance(client, PoolingEngineClient):
-            raise InvalidRequestError(
-                f"Model {self.model_id!r} runs on engines that cannot pool hidden states (a fleet); "
-                "it serves no embeddings.",
-                param="model",
-                code="embeddings_unsupported",
-            )
-        ticket = self.service.admission.admit()  # bounded like a generation waiting to start
-        try:
-            outputs = await client.embed(inputs, pooling=self.pooling)
-        finally:
-            ticket.release()
+        refusal = "it serves no embeddings"
+        outputs = await pool_on_engine(self.service, inputs, self.pooling, refusal, "embeddings_unsupported")
         vectors = [out.embedding or [] for out in outputs]
         return EmbeddingResult(vectors=vectors, num_prompt_tokens=sum(len(ids) for ids in inputs))
+
+
+async def pool_on_engine(
+    service: ModelService, inputs: list[list[int]], pooling: str, refusal: str, code: str
+) -> list[RequestOutput]:
+    """`inputs` as prefill-only pooling requests on a chat model's own engine (chat-model
+    embeddings, a causal LM reranker's yes/no logits), admitted like a generation waiting to
+    start; a 400 saying `refusal` (code `code`) where the engines cannot pool (a fleet)."""
+    client = service.require_engine()
+    if not service.can_pool or not isinstance(client, PoolingEngineClient):
+        raise InvalidRequestError(
+            f"Model {service.model_id!r} runs on engines that cannot pool hidden states (a fleet); {refusal}.",
+            param="model",
+            code=code,
+        )
+    ticket = service.admission.admit()
+    try:
+        return await client.embed(inputs, pooling=pooling)
+    finally:
+        ticket.release()
 
 
 def checked_lengths(
@@ -232,7 +244,7 @@ def checked_lengths(
     return checked
 
 
-def _leading(ids: list[int], keep: int) -> list[int]:
+def leading_tokens(ids: list[int], keep: int) -> list[int]:
     return ids[:keep]
 
 

@@ -25,9 +25,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from argosy.core.embedding_service import checked_lengths
-from argosy.core.engine_client import PoolingEngineClient
-from argosy.errors import InvalidRequestError, ModelLoadError
+from argosy.core.embedding_service import checked_lengths, leading_tokens, pool_on_engine
+from argosy.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from argosy.core.rerank_service import ScoreResult
@@ -56,9 +55,11 @@ class JudgeScorer:
         tokenizer = service.description.tokenizer
         yes, no = tokenizer.token_to_id("yes"), tokenizer.token_to_id("no")
         if yes is None or no is None:
-            raise ModelLoadError(
+            raise InvalidRequestError(
                 f"The reranker {self.model_id!r} has no single 'yes' and 'no' tokens in its vocabulary; "
-                "it cannot be scored as a yes/no judge."
+                "it cannot be scored as a yes/no judge.",
+                param="model",
+                code="wrong_model_kind",
             )
         self.pooling = f"logits:{no},{yes}"
 
@@ -85,20 +86,16 @@ class JudgeScorer:
         texts = [judge_prompt(query, document) for query, document in pairs]
         inputs = [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
         inputs = checked_lengths(
-            inputs, description.context_length, description.vocab_size, "documents", None, False, _leading
+            inputs,
+            description.context_length,
+            description.vocab_size,
+            "documents",
+            None,
+            False,
+            leading_tokens,
         )
-        client = self.service.require_engine()
-        if not isinstance(client, PoolingEngineClient):
-            raise InvalidRequestError(
-                f"Model {self.model_id!r} runs on engines that cannot score (a fleet).",
-                param="model",
-                code="rerank_unsupported",
-            )
-        ticket = self.service.admission.admit()  # bounded like a generation waiting to start
-        try:
-            outputs = await client.embed(inputs, pooling=self.pooling)
-        finally:
-            ticket.release()
+        refusal = "it cannot score"
+        outputs = await pool_on_engine(self.service, inputs, self.pooling, refusal, "rerank_unsupported")
         scores = [
             _sigmoid(logits[1] - logits[0]) for logits in (out.embedding or [0.0, 0.0] for out in outputs)
         ]
@@ -108,10 +105,6 @@ class JudgeScorer:
         tokenizer = self.service.description.tokenizer
         ids = tokenizer.encode(document, add_special_tokens=False).ids
         return document if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens])
-
-
-def _leading(ids: list[int], limit: int) -> list[int]:
-    return ids[:limit]
 
 
 def _sigmoid(x: float) -> float:

@@ -9,7 +9,6 @@ transformers' greedy generate on the prompt laid out by hand, so the FIM prompt 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 import torch
 
 from tests.e2e.server import ServerProcess, models_server
+from tests.e2e.tiny_causal import write_tiny_causal_lm
 
 pytestmark = pytest.mark.e2e
 
@@ -29,40 +29,8 @@ SUFFIX = "\n\nprint(add(1, 2))\n"
 
 @pytest.fixture(scope="module")
 def coder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from argosy.models.gguf_config import read_gguf_metadata
-    from argosy.models.gguf_convert import open_gguf
-    from argosy.models.gguf_tokenizer import build_tokenizer, build_tokenizer_config
-    from argosy.models.loader import MODEL_REGISTRY
-
     folder = tmp_path_factory.mktemp("tiny-coder")
-    metadata = read_gguf_metadata(open_gguf(MODEL_REGISTRY["smollm2"]()))
-    tokenizer = build_tokenizer(metadata)
-    assert tokenizer.add_special_tokens(FIM_TOKENS) == 4
-    tokenizer.save(str(folder / "tokenizer.json"))
-    config = build_tokenizer_config(metadata) | {"add_bos_token": False}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    model_config = LlamaConfig(
-        vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.token_to_id("<|im_start|>"),
-        eos_token_id=tokenizer.token_to_id("<|im_end|>"),
-    )
-    torch.manual_seed(7)
-    model = LlamaForCausalLM(model_config).float().eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.normal_(0.0, 0.3)
-            if name.endswith("norm.weight"):
-                param.add_(1.0)
-    model.save_pretrained(folder)
+    write_tiny_causal_lm(folder, "llama", seed=7, special_tokens=FIM_TOKENS)
     return folder
 
 

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.e2e.server import ServerProcess, models_server
+from tests.e2e.tiny_causal import write_tiny_causal_lm
 from tests.unit.test_rerank_model import write_tiny_cross_encoder
 
 pytestmark = [pytest.mark.e2e]
@@ -68,42 +69,9 @@ def reranker_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def judge_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen3 causal LM named as a reranker, with SmolLM2's tokenizer (which has
     single 'yes' and 'no' tokens): served as a yes/no judge, as Qwen3-Reranker is."""
-    import json
-
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from argosy.models.gguf_config import read_gguf_metadata
-    from argosy.models.gguf_convert import open_gguf
-    from argosy.models.gguf_tokenizer import build_tokenizer, build_tokenizer_config
-    from argosy.models.loader import MODEL_REGISTRY
-
     folder = tmp_path_factory.mktemp("judge") / "tiny-qwen3-reranker"
     folder.mkdir()
-    metadata = read_gguf_metadata(open_gguf(MODEL_REGISTRY["smollm2"]()))
-    tokenizer = build_tokenizer(metadata)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    config = build_tokenizer_config(metadata) | {"add_bos_token": False}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    model_config = Qwen3Config(
-        vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(5)
-    model = Qwen3ForCausalLM(model_config).float().eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.normal_(0.0, 0.3)
-            if name.endswith("norm.weight"):
-                param.add_(1.0)
-    model.save_pretrained(folder)
+    write_tiny_causal_lm(folder, "qwen3", seed=5, head_dim=16)
     return folder
 
 
