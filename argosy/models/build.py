@@ -309,12 +309,20 @@ def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:
         isinstance(head, BatchSwitchLinear) and isinstance(head.small, Int8Linear)
     )
     projections = [m for name, m in model.named_modules() if name != "lm_head"]
-    own = any(isinstance(m, Int8Linear) and m.own_codes for m in projections)
+    own = [m for m in projections if isinstance(m, Int8Linear) and m.own_codes]
+    packed_bits = sorted({m.packed.bits for m in own if m.packed is not None})
     held = [
         *(["int4 (GGUF Q4 blocks)"] if any(isinstance(m, Int4Linear) for m in projections) else []),
-        *(["int8 codes of the GGUF's other blocks"] if own else []),
+        *(
+            [f"the GGUF's codes at their own bits ({', '.join(map(str, packed_bits))})"]
+            if packed_bits
+            else []
+        ),
+        *(["int8 codes of the GGUF's other blocks"] if any(m.packed is None for m in own) else []),
     ]
-    int4 = ", ".join(held) + (", int8 output head" if int8_head else "")
+    head_packed = head.packed if isinstance(head, Int8Linear) else None
+    head_name = "int8 output head" if head_packed is None else f"{head_packed.bits}-bit output head"
+    int4 = ", ".join(held) + (f", {head_name}" if int8_head else "")
     if any(getattr(m, "invariant", False) for m in model.modules()):
         int4 += " (invariant kernels: every row count, fp32 logits)" if int8_head else " (invariant kernels)"
     switches = [m for m in model.modules() if isinstance(m, BatchSwitchLinear)]

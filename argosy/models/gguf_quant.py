@@ -156,6 +156,29 @@ def block_codes(tensor: GGUFTensor) -> Found | None:
     return codes, scales.reshape(n, k // group), None if mins is None else mins.reshape(n, k // 32)
 
 
+def block_super(tensor: GGUFTensor) -> dict[str, np.ndarray]:
+    """A K-quant's own scales, for its codes held at their bits (argosy/ops/packed_codes.py):
+    `sc` (uint8 Q4_K / Q5_K per 32, int8 Q6_K per 16) and `d` (float16 per 256), and Q4_K's /
+    Q5_K's `mn` (uint8 per 32) and `dmin` (float16 per 256), all [N, ...]; {} for the others.
+    d * sc and -(dmin * mn) are `block_codes`' scales and mins."""
+    kind = tensor.tensor_type
+    if kind not in (_Q.Q4_K, _Q.Q5_K, _Q.Q6_K) or len(tensor.shape) != 2:
+        return {}
+    block_bytes = _BLOCK_FORMATS[kind][0]
+    k, n = (int(x) for x in tensor.shape.tolist())
+    count = k // 256
+    blocks = np.asarray(tensor.data, dtype=np.uint8).reshape(n, count, block_bytes)
+
+    def half(at: int) -> np.ndarray:
+        return blocks[..., at : at + 2].copy().view(np.float16)[..., 0]
+
+    if kind == _Q.Q6_K:
+        return {"sc": blocks[..., 192:208].copy().view(np.int8).reshape(n, count * 16), "d": half(208)}
+    packed = np.ascontiguousarray(blocks[..., 4:16]).reshape(n * count, 12)
+    sc, mn = (a.reshape(n, count * 8).astype(np.uint8) for a in gguf.quants.Q4_K.get_scale_min(packed))
+    return {"sc": sc, "d": half(0), "mn": mn, "dmin": half(2)}
+
+
 def block_values(found: Found) -> np.ndarray:
     """float32 [N, K]: codes * scale (+ min), the gguf package's dequantization of the values."""
     codes, scales, mins = found
@@ -177,7 +200,8 @@ def iter_block_tensors(
     reader: GGUFFile, config: dict[str, Any], found_codes: dict[str, Found]
 ) -> Iterator[tuple[str, np.ndarray]]:
     """For every weight in one of `block_codes`' formats: `<hf name>.codes` (int8 [N, K]),
-    `.scales` (float32 [N, K/G]) and `.mins` (float32 [N, K/32], where the format has them), in
+    `.scales` (float32 [N, K/G]) and `.mins` (float32 [N, K/32], where the format has them), a
+    K-quant's own `.sc`, `.d`, `.mn`, `.dmin` (`block_super`), in
     HF row order (llama q/k un-permuted), from `found_codes` (`file_block_codes`)."""
     is_permuted = config["model_type"] in _PERMUTED_MODEL_TYPES
     heads = {"q_proj": int(config["num_attention_heads"]), "k_proj": int(config["num_key_value_heads"])}
@@ -191,6 +215,7 @@ def iter_block_tensors(
         parts = {"codes": found[0], "scales": found[1]}
         if found[2] is not None:
             parts["mins"] = found[2]
+        parts.update(block_super(tensor))
         for proj, num_heads in heads.items():
             if is_permuted and f".self_attn.{proj}." in name:
                 parts = {key: unpermute_rope_rows(a, num_heads) for key, a in parts.items()}

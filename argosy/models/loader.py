@@ -33,7 +33,8 @@ from argosy.progress import StatusLine
 
 # Bump when the converter's output changes, so folders written by an older converter are
 # not reused.
-CONVERTER_VERSION = 4  # 2: argosy-int4.safetensors; 3: argosy-blocks.safetensors; 4: Gemma 3
+# 2: argosy-int4.safetensors; 3: argosy-blocks.safetensors; 4: Gemma 3; 5: the K-quants' own scales
+CONVERTER_VERSION = 5
 
 _GGUF_MAGIC = b"GGUF"
 

@@ -13,7 +13,15 @@ import torch
 from torch import nn
 
 from argosy.models.llama import DecoderForCausalLM
-from argosy.ops.quantized_linear import BatchSwitchLinear, BlockCodes, Int4Linear, Int8Linear
+from argosy.ops.packed_codes import SuperScales
+from argosy.ops.quantized_linear import (
+    BatchSwitchLinear,
+    BlockCodes,
+    Int4Linear,
+    Int8Linear,
+    PartsLinear,
+    packed_bits,
+)
 
 # our fused module -> the HF weights it is made of, in order
 _FUSED_PARTS = {
@@ -60,23 +68,56 @@ def block_codes_of(blocks: dict[str, torch.Tensor], names: list[str]) -> BlockCo
     of them has no codes in the file (argosy-blocks.safetensors)."""
     if not all(f"{n}.codes" in blocks for n in names):
         return None
-    return BlockCodes.cat(
-        [BlockCodes(blocks[f"{n}.codes"], blocks[f"{n}.scales"], blocks.get(f"{n}.mins")) for n in names]
+    return BlockCodes.cat([_block_codes(blocks, n) for n in names])
+
+
+def _block_codes(blocks: dict[str, torch.Tensor], name: str) -> BlockCodes:
+    super_scales = None
+    if f"{name}.sc" in blocks:  # a K-quant's own scales: its codes held at their bits
+        super_scales = SuperScales(
+            blocks[f"{name}.sc"], blocks[f"{name}.d"], blocks.get(f"{name}.mn"), blocks.get(f"{name}.dmin")
+        )
+    return BlockCodes(
+        blocks[f"{name}.codes"], blocks[f"{name}.scales"], blocks.get(f"{name}.mins"), super_scales
     )
 
 
+def runs_of_one_form(parts: list[BlockCodes]) -> list[BlockCodes]:
+    """A fused layer's parts, consecutive parts of one form stacked: a Q4_K_M file's q and k
+    (Q4_K) apart from its v (Q6_K), each then held at its own bits (a stack of the two forms
+    would be int8 codes with float32 scales)."""
+    runs: list[list[BlockCodes]] = []
+    for part in parts:
+        key = (part.form(), packed_bits(part))
+        if runs and (runs[-1][0].form(), packed_bits(runs[-1][0])) == key:
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    return [BlockCodes.cat(run) for run in runs]
+
+
 def apply_blocks(model: DecoderForCausalLM, blocks: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
-    """The file's own int8-form codes (Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) on the invariant
-    kernels for every float projection whose parts all have them; returns the number swapped."""
+    """The file's own codes (Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) on the invariant kernels for
+    every float projection whose parts all have them, held at the file's bits where a packed
+    kernel serves the form (packed_codes.py), else as int8; a fused layer whose parts differ in
+    form becomes one layer a form (PartsLinear). Returns the number swapped."""
     count = 0
     for i in range(model.config.num_layers):
         for fused, parts in _FUSED_PARTS.items():
             path = f"layers.{i}.{fused}"
             current = model.get_submodule(path)
-            codes = block_codes_of(blocks, [f"model.layers.{i}.{p}.weight" for p in parts])
-            if not isinstance(current, nn.Linear) or codes is None:
+            names = [f"model.layers.{i}.{p}.weight" for p in parts]
+            if not isinstance(current, nn.Linear) or not all(f"{n}.codes" in blocks for n in names):
                 continue
-            _replace(model, path, Int8Linear(None, current.bias, dtype, invariant=True, blocks=codes))
+            runs = runs_of_one_form([_block_codes(blocks, n) for n in names])
+            layers: list[nn.Module] = []
+            start = 0
+            for run in runs:
+                rows = run.codes.shape[0]
+                bias = None if current.bias is None else current.bias[start : start + rows]
+                layers.append(Int8Linear(None, bias, dtype, invariant=True, blocks=run))
+                start += rows
+            _replace(model, path, layers[0] if len(layers) == 1 else PartsLinear(layers))
             count += 1
     return count
 

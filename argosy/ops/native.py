@@ -125,7 +125,8 @@ def load_native_ops() -> bool:
 
 
 def load_invariant_ops() -> bool:
-    """Build (or reuse) and load the invariant kernels (csrc/iq_linear.cpp, iq_attention.cpp,
+    """Build (or reuse) and load the invariant kernels (csrc/iq_linear.cpp, iq_packed.cpp,
+    iq_attention.cpp,
     iq_geglu.cpp, iq_norm.cpp, iq_rope.cpp) as their own library, torch.ops.argosy_iq: built
     without -ffast-math and with -ffp-contract=off, so the compiler cannot reorder or fuse their
     float arithmetic, and without -march=native
@@ -139,7 +140,14 @@ def load_invariant_ops() -> bool:
     started = time.perf_counter()
     sources = [
         Path(__file__).parent / "csrc" / name
-        for name in ("iq_linear.cpp", "iq_attention.cpp", "iq_geglu.cpp", "iq_norm.cpp", "iq_rope.cpp")
+        for name in (
+            "iq_linear.cpp",
+            "iq_packed.cpp",
+            "iq_attention.cpp",
+            "iq_geglu.cpp",
+            "iq_norm.cpp",
+            "iq_rope.cpp",
+        )
     ]
     error = _build(
         "argosy_invariant", sources, ["-ffp-contract=off", "-fno-fast-math"], build_dir() / "invariant"
@@ -190,6 +198,10 @@ def _register_invariant_fakes() -> None:
 
     @torch.library.register_fake("argosy_iq::q8_linear")
     def _(x, codes, scales, mins, out_features, out_float32, code_lo, code_hi):  # type: ignore[no-untyped-def]
+        return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
+
+    @torch.library.register_fake("argosy_iq::kq_linear")
+    def _(x, nib, high, scales, scale_d, mins, min_d, bits, bias, out_features, out_float32):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
 
 

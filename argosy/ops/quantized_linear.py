@@ -26,9 +26,16 @@ import torch
 from torch import nn
 
 from argosy.ops.native import load_invariant_ops, load_native_ops
-
-GROUP_SIZE = 32  # weights per scale (and minimum): a GGUF Q4/Q8 block
-_TILE = 16  # outputs a tile of the native layout
+from argosy.ops.packed_codes import (
+    GROUP_SIZE,
+    PackedCodes,
+    PackedForm,
+    SuperScales,
+    exactly_half,
+    packed_form,
+    scale_form,
+)
+from argosy.ops.packed_codes import TILE as _TILE
 
 
 def invariant_qlinear(dtype: torch.dtype) -> bool:
@@ -120,15 +127,25 @@ class BlockCodes:
     codes: torch.Tensor  # int8 [N, K]
     scales: torch.Tensor  # float32 [N, K/G]
     mins: torch.Tensor | None = None  # float32 [N, K/32]
+    super_scales: SuperScales | None = None  # a K-quant's own scales (the packed form's)
 
     @property
     def group(self) -> int:
         return self.codes.shape[1] // self.scales.shape[1]
 
+    def form(self) -> tuple[object, ...]:
+        """What must agree for parts to be held as one: the group, mins or not, the scales'
+        own form (K-quant integer scales of one type, or none)."""
+        sc = self.super_scales
+        return (self.group, self.mins is not None, None if sc is None else (sc.sc.dtype, sc.mn is not None))
+
     @staticmethod
     def cat(parts: list[BlockCodes]) -> BlockCodes:
         """Parts of a fused layer stacked along N, in one form: scales per 16 if any part has
-        them (a per-32 scale is the same for both halves), zero mins for parts without."""
+        them (a per-32 scale is the same for both halves), zero mins for parts without; the
+        K-quants' own scales kept where every part has them in one form."""
+        if len(parts) == 1:
+            return parts[0]
         group = min(part.group for part in parts)
         scales = [p.scales.float().repeat_interleave(p.group // group, dim=1) for p in parts]
         with_mins = any(p.mins is not None for p in parts)
@@ -138,14 +155,14 @@ class BlockCodes:
             else torch.zeros(p.codes.shape[0], p.codes.shape[1] // GROUP_SIZE)
             for p in parts
         ]
+        same = all(p.form() == parts[0].form() for p in parts)
+        supers = [p.super_scales for p in parts if p.super_scales is not None]
         return BlockCodes(
-            torch.cat([p.codes for p in parts]), torch.cat(scales), torch.cat(mins) if with_mins else None
+            torch.cat([p.codes for p in parts]),
+            torch.cat(scales),
+            torch.cat(mins) if with_mins else None,
+            SuperScales.cat(supers) if same and len(supers) == len(parts) else None,
         )
-
-
-def _exactly_half(t: torch.Tensor) -> bool:
-    as_float = t.float()
-    return bool(torch.equal(as_float.half().float(), as_float))
 
 
 def code_range(codes: torch.Tensor) -> tuple[int, int]:
@@ -169,7 +186,7 @@ def invariant_q8_layout(
     n, k = codes.shape
     code_range(codes)
     tiles = codes.view(n // _TILE, _TILE, k // 4, 4).permute(0, 2, 1, 3).contiguous()
-    half = _exactly_half(scales) and (mins is None or _exactly_half(mins))
+    half = exactly_half(scales) and (mins is None or exactly_half(mins))
     dtype = torch.float16 if half else torch.float32
 
     def per_tile(t: torch.Tensor) -> torch.Tensor:
@@ -231,6 +248,9 @@ class Int4Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
+PACKED_BUFFERS = ("nib", "high", "scales", "scale_d", "mins", "min_d")
+
+
 class Int8Linear(nn.Module):
     def __init__(
         self,
@@ -263,18 +283,28 @@ class Int8Linear(nn.Module):
         )
         self.float_output = float_output and self.invariant
         self.own_codes = blocks is not None  # a file's own codes, not a quantization of ours
+        self.packed: PackedForm | None = None  # the codes held at their bits (kq_* buffers)
         if self.invariant:  # the one form, for every number of rows
             if blocks is None:
                 assert weight is not None
                 rows = weight_rows or (lambda start, stop: weight.detach()[start:stop])
                 blocks = BlockCodes(*q8_group_codes(rows, self.out_features, self.in_features))
             self.code_lo, self.code_hi = code_range(blocks.codes)
+            self.group = blocks.group
+            self.native = False
+            # at the file's bits where a kernel serves the form (csrc/iq_packed.cpp: the same bits)
+            packed = PackedCodes.of(
+                blocks.codes, blocks.scales, blocks.mins, blocks.super_scales, self.code_lo, self.code_hi
+            )
+            if packed is not None:
+                self.packed = packed.form
+                for name in PACKED_BUFFERS:
+                    self.register_buffer(f"kq_{name}", getattr(packed, name))
+                return
             iq_codes, iq_scales, iq_mins = invariant_q8_layout(blocks.codes, blocks.scales, blocks.mins)
             self.register_buffer("iq_codes", iq_codes)
             self.register_buffer("iq_scales", iq_scales)  # float16 where exact, else float32
             self.register_buffer("iq_mins", iq_mins)  # as the scales, or None
-            self.group = blocks.group
-            self.native = False
             return
         assert weight is not None
         codes = torch.empty(weight.shape, dtype=torch.int8)
@@ -296,7 +326,21 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
-        if self.invariant:
+        if self.packed is not None:
+            out = torch.ops.argosy_iq.kq_linear(
+                x2.contiguous(),
+                self.kq_nib,
+                self.kq_high,
+                self.kq_scales,
+                self.kq_scale_d,
+                self.kq_mins,
+                self.kq_min_d,
+                self.packed.bits,
+                self.packed.bias,
+                self.out_features,
+                self.float_output,
+            )
+        elif self.invariant:
             out = torch.ops.argosy_iq.q8_linear(
                 x2.contiguous(),
                 self.iq_codes,
@@ -315,6 +359,30 @@ class Int8Linear(nn.Module):
             out = torch.ops.aten._weight_int8pack_mm(x2, self.weight_int8, self.scales)
         out = out.view(*shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
+
+
+def packed_bits(blocks: BlockCodes) -> int:
+    """The bits a weight's codes are held at: 4, 5 or 6 where a packed kernel serves its form
+    (PackedCodes), else 8."""
+    lo, hi = code_range(blocks.codes)
+    form_name = scale_form(blocks.scales, blocks.mins, blocks.super_scales)
+    form = packed_form(lo, hi, GROUP_SIZE // blocks.group, blocks.mins is not None, form_name)
+    return 8 if form is None else form.bits
+
+
+class PartsLinear(nn.Module):
+    """A fused projection whose parts a file holds in different forms (a Q4_K_M file's q and k
+    in Q4_K, its v in Q6_K): a layer a part, each at its own bits, the outputs side by side.
+    Each output is its part's alone, whatever the others: the invariance holds."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = int(cast(Int8Linear, parts[0]).in_features)
+        self.out_features = sum(int(cast(Int8Linear, p).out_features) for p in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
 
 
 class BatchSwitchLinear(nn.Module):
@@ -352,6 +420,10 @@ class CodesEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         head = self.head[0]
+        if head.packed is not None:
+            buffers = (getattr(head, f"kq_{name}") for name in PACKED_BUFFERS)
+            rows = PackedCodes(head.packed, *buffers).values(input_ids.reshape(-1))
+            return rows.reshape(*input_ids.shape, self.embedding_dim)
         all_codes, all_scales = cast(torch.Tensor, head.iq_codes), cast(torch.Tensor, head.iq_scales)
         ids, k, group = input_ids.reshape(-1), self.embedding_dim, head.group
         tile, lane = ids // _TILE, ids % _TILE

@@ -102,8 +102,19 @@ def test_a_q8_0_code_of_minus_128_is_left_to_the_float_weights(tmp_path: Path) -
 
 
 @pytest.mark.skipif(not load_invariant_ops(), reason="the invariant kernels need a C++ compiler")
-@pytest.mark.parametrize(("arch", "qtype"), [("llama", Q.Q5_1), ("qwen2", Q.Q5_0), ("qwen2", Q.Q8_0)])
-def test_a_gguf_of_other_blocks_serves_its_own_codes(tmp_path: Path, arch: str, qtype: Q) -> None:
+@pytest.mark.parametrize(
+    ("arch", "qtype", "held"),
+    [
+        (
+            "llama",
+            Q.Q5_1,
+            "the GGUF's codes at their own bits (5), int8",
+        ),  # a 281-row head: no 16-row tiles, per-channel int8
+        ("qwen2", Q.Q5_0, "the GGUF's codes at their own bits (5), 5-bit"),
+        ("qwen2", Q.Q8_0, "int8 codes of the GGUF's other blocks, int8"),
+    ],
+)
+def test_a_gguf_of_other_blocks_serves_its_own_codes(tmp_path: Path, arch: str, qtype: Q, held: str) -> None:
     """A Q5_0 / Q5_1 / Q8_0 file converts with its codes beside the float weights, numerics auto
     turns invariant for it, every projection and the head run on the file's own codes (their
     values are the float weights', exactly), and /v1/models' formats name the types."""
@@ -124,8 +135,9 @@ def test_a_gguf_of_other_blocks_serves_its_own_codes(tmp_path: Path, arch: str, 
             expected = torch.cat([floats[f"model.layers.{i}.{p}.weight"] for p in parts])
             assert torch.equal(CodesEmbedding(layer)(torch.arange(layer.out_features)), expected)
     assert isinstance(model.lm_head, Int8Linear) and model.lm_head.own_codes
+    # Q5_0 / Q5_1 held at their 5 bits (iq_packed.cpp), Q8_0 as its int8 codes
     assert describe_weights(model, dtype) == (
-        "int8 codes of the GGUF's other blocks, int8 output head (invariant kernels: every row count, fp32 logits)"
+        f"{held} output head (invariant kernels: every row count, fp32 logits)"
     )
     formats = tensor_formats(source.hf_config[GGUF_TENSOR_TYPES_KEY])
     assert formats is not None and formats["self_attn.q_proj"] == qtype.name

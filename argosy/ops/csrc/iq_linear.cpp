@@ -71,126 +71,12 @@
 #include <vector>
 
 #include "iq_common.h"
+#include "iq_rows.h"
 
 namespace {
 
 using namespace argosy_iq;
 
-
-// -- 1. the rows, quantized (the same bits on every path) --------------------------------------
-
-struct QuantizedRows {
-  std::vector<int8_t> q;    // [M, K]
-  std::vector<float> dx;    // [M, G]
-  std::vector<float> ux;    // [M, G]
-  std::vector<int32_t> sq;  // [M, G]
-};
-
-
-struct GroupQ {  // one group's quantization
-  float dx, ux;
-  int32_t sq;
-};
-
-inline GroupQ quantize_group(const float* v, int8_t* q) {
-  float amax = 0.0f;
-  for (int i = 0; i < kGroup; ++i) amax = std::max(amax, std::fabs(v[i]));
-  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  int32_t qsum = 0;
-  for (int i = 0; i < kGroup; ++i) {
-    const float scaled = std::nearbyint(v[i] * inv);  // the default rounding: half to even
-    q[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, scaled)));
-    qsum += q[i];
-  }
-  const float dx = amax / 127.0f;
-  return {dx, dx * static_cast<float>(qsum), qsum};
-}
-
-// quantize_group's operations on 32 values held as two vectors: the same products, the same
-// round-half-even and clamp, max and integer sums (order-free) and the same dx * float(sq),
-// so the same bits (inputs holding NaN aside: the row fails as non-finite anyway)
-#define ARGOSY_Q512 __attribute__((target("avx512f,avx512bw,avx512vl")))
-
-ARGOSY_Q512 inline GroupQ quantize_group_512(__m512 lo, __m512 hi, int8_t* q) {
-  const float amax = std::max(0.0f, _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi))));
-  const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-  const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
-  __m512i codes[2];
-  const __m512 halves[2] = {lo, hi};
-  for (int h = 0; h < 2; ++h) {
-    const __m512 scaled =
-        _mm512_roundscale_ps(_mm512_mul_ps(halves[h], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    codes[h] = _mm512_cvtps_epi32(_mm512_min_ps(top, _mm512_max_ps(bottom, scaled)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(codes[h]));
-  }
-  const int32_t qsum = _mm512_reduce_add_epi32(_mm512_add_epi32(codes[0], codes[1]));
-  const float dx = amax / 127.0f;
-  return {dx, dx * static_cast<float>(qsum), qsum};
-}
-
-ARGOSY_Q512 void quantize_groups_512(const uint16_t* xb, const float* xf, int64_t begin, int64_t end,
-                                     QuantizedRows& out) {
-  for (int64_t rg = begin; rg < end; ++rg) {
-    const int64_t offset = rg * kGroup;
-    const __m512 lo = xb ? load16_bf16(xb + offset) : _mm512_loadu_ps(xf + offset);
-    const __m512 hi = xb ? load16_bf16(xb + offset + 16) : _mm512_loadu_ps(xf + offset + 16);
-    const GroupQ g = quantize_group_512(lo, hi, out.q.data() + offset);
-    out.dx[rg] = g.dx;
-    out.ux[rg] = g.ux;
-    out.sq[rg] = g.sq;
-  }
-}
-
-QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups, bool vector) {
-  const int64_t rows = x.size(0), k = groups * kGroup;
-  QuantizedRows out;
-  out.q.resize(static_cast<size_t>(rows * k));
-  out.dx.resize(static_cast<size_t>(rows * groups));
-  out.ux.resize(static_cast<size_t>(rows * groups));
-  out.sq.resize(static_cast<size_t>(rows * groups));
-  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
-  const uint16_t* xb = is_bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
-  const float* xf = is_bf16 ? nullptr : x.data_ptr<float>();
-  at::parallel_for(0, rows * groups, 256, [&](int64_t begin, int64_t end) {
-    if (vector) {  // rows are contiguous: row r, group g is r * G + g
-      quantize_groups_512(xb, xf, begin, end, out);
-      return;
-    }
-    float v[kGroup];
-    for (int64_t rg = begin; rg < end; ++rg) {
-      const int64_t offset = rg * kGroup;
-      const float* values = xf + offset;
-      if (is_bf16) {
-        for (int64_t i = 0; i < kGroup; ++i) v[i] = bf16_to_float(xb[offset + i]);
-        values = v;
-      }
-      const GroupQ g = quantize_group(values, out.q.data() + offset);
-      out.dx[rg] = g.dx;
-      out.ux[rg] = g.ux;
-      out.sq[rg] = g.sq;
-    }
-  });
-  return out;
-}
-
-// -- the output: fp32 or bf16 ------------------------------------------------------------------
-
-struct Output {
-  float* f = nullptr;
-  uint16_t* b = nullptr;
-  int64_t ld = 0;
-  bool vector = false;  // AVX-512 for the bf16 rounding
-  void put(int64_t row, int64_t col, const float* values, int64_t count) const {
-    if (f != nullptr) {
-      std::memcpy(f + row * ld + col, values, static_cast<size_t>(count) * 4);
-      return;
-    }
-    int64_t i = 0;
-    if (vector)
-      for (; i + 16 <= count; i += 16) bf16_16(values + i, b + row * ld + col + i);
-    for (; i < count; ++i) b[row * ld + col + i] = float_to_bf16(values[i]);
-  }
-};
 
 // -- 2 and 3, scalar: the reference ----------------------------------------------------------
 
@@ -668,66 +554,6 @@ ARGOSY_AMX void q4_amx(const QuantizedRows& xr, const int8_t* xp, int64_t rows, 
   }
   _tile_release();
 }
-
-// -- driving: tiles split among threads, rows in blocks ---------------------------------------
-
-constexpr int kRowBlock = 4;  // rows a block (AVX-512: with 2 tiles; AVX2: 1 tile)
-constexpr int kWideRowBlock = 8;  // q8, AVX-512: rows a block with 1 tile, in steps of up to
-constexpr int64_t kWideMaxRows = 32;  // rows
-
-template <typename Block>
-void for_tile_blocks(int64_t tiles, int64_t tiles_per_block, Block&& block) {
-  const int64_t blocks = (tiles + tiles_per_block - 1) / tiles_per_block;
-  const int64_t grain = std::max<int64_t>(1, blocks / (4 * at::get_num_threads()));
-  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) block(b * tiles_per_block, std::min(tiles, (b + 1) * tiles_per_block));
-  });
-}
-
-// rows in blocks of kRowBlock, the rest one size smaller at a time: run(first_row, constant)
-template <typename Run>
-inline void for_row_blocks(int64_t rows, Run&& run) {
-  int64_t r = 0;
-  for (; r + kRowBlock <= rows; r += kRowBlock) run(r, std::integral_constant<int, kRowBlock>{});
-  for (; r + 2 <= rows; r += 2) run(r, std::integral_constant<int, 2>{});
-  if (r < rows) run(r, std::integral_constant<int, 1>{});
-}
-
-Output make_output(at::Tensor& out, int64_t path) {
-  Output o;
-  o.ld = out.size(1);
-  o.vector = path >= kAvx512;
-  if (out.scalar_type() == at::kFloat)
-    o.f = out.data_ptr<float>();
-  else
-    o.b = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  return o;
-}
-
-void check_x(const at::Tensor& x, int64_t k, const char* op) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() &&
-                  (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
-              op, ": x must be a contiguous [rows, in_features] bfloat16 or float32 tensor");
-  TORCH_CHECK(x.size(1) == k, op, ": x has ", x.size(1), " features, the weight ", k);
-}
-
-// what q4_linear and q8_linear do once their weights are checked: x checked, the output
-// allocated, x's rows quantized (none when there are no rows), the path chosen
-struct LinearCall {
-  at::Tensor out;
-  int64_t rows, path;
-  QuantizedRows xr;
-  Output o;
-
-  LinearCall(const at::Tensor& x, int64_t k, int64_t groups, int64_t out_features, bool out_float32, const char* op)
-      : rows(0), path(current_path()) {
-    check_x(x, k, op);
-    rows = x.size(0);
-    out = at::empty({rows, out_features}, x.options().dtype(out_float32 ? at::kFloat : x.scalar_type()));
-    if (rows > 0) xr = quantize_rows(x, groups, path >= kAvx512);
-    o = make_output(out, path);
-  }
-};
 
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                      int64_t out_features, bool out_float32) {

@@ -1,0 +1,438 @@
+// Invariant linear layers on codes held at the file's bits: GGUF Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1
+// weights in memory as 4, 5 or 6 bits a weight plus their own scales, unpacked in registers.
+//
+// argosy_iq::kq_linear(x, nib, high, scales, scale_d, mins, min_d, bits, bias, out_features,
+//                      out_float32)
+//   w[n, k] = s[n, k / G] * (u[n, k] - bias) (+ m[n, k / 32]), G = 32 or 16, where the unsigned
+//   code u = q + bias is in [0, 2^bits): its low 4 bits in `nib`, its bits 4.. in `high`.
+//   The scales are either float16 (Q5_0, Q5_1: the file's d and m) or a K-quant's own form, an
+//   integer per weight group times a float16 per 256 weights: s = d * sc (Q4_K, Q5_K: sc 0..63;
+//   Q6_K: int8), and the K-quants' minimums m = -(dmin * mn), products exact in float32, as the
+//   gguf package computes them.
+//
+// The arithmetic is q8_linear's (iq_linear.cpp), step for step: the rows quantized per 32 as
+// there (iq_rows.h), the same integer dot per row, output and weight group (u . xq, started from
+// -bias times the sum of xq over the weight group: exactly q . xq), the same fp32 fused
+// multiply-adds in the same order. So a layer gives the bits q8_linear gives on the same codes
+// and scales as int8 (tests/unit/test_packed_codes.py holds every path to that and to the scalar
+// reference), while a decode step reads 4.6 (Q4_K), 5.5 (Q5_K, Q5_0) or 6.6 (Q6_K) bits a
+// weight instead of 8 plus a float32 scale.
+//
+// Layouts (argosy/ops/packed_codes.py), 16 outputs to a tile t, G32 = K / 32 groups:
+//   nib uint8 [N/16, G32, 4, 16, 4]: byte [t, g, c, i, b] = lo4(u[16t+i, 32g+8c+b]) |
+//     lo4(u[16t+i, 32g+8c+4+b]) << 4 (iq_linear's Q4 layout: line e = 2c + half of a group holds
+//     k = 32g + 4e + b in lane 4i + b, as q8_linear's layout does)
+//   high uint8 [N/16, G32, (bits - 4) * 64]: bits 5: byte [t, g, L] bit e = bit 4 of line e's
+//     code in lane L; bits 6: byte [t, g, p, L] bits 2j, 2j+1 = bits 4, 5 of line 4p + j's code
+//   scales [N/16, K/G, 16] float16, or uint8 / int8 with scale_d float16 [N/16, K/256, 16];
+//   mins [N/16, G32, 16] in the same form (uint8 with min_d), or none.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "iq_common.h"
+#include "iq_rows.h"
+
+namespace {
+
+using namespace argosy_iq;
+
+enum ScaleKind : int { kHalfScales = 0, kSuperU8 = 1, kSuperI8 = 2 };
+
+// one per-tile array of scales (or minimums): [T, per_tile / 16, 16], with, for a super form,
+// d float16 [T, supers, 16] (one per 256 weights: per_super weight groups)
+struct ScaleRef {
+  const void* values = nullptr;
+  const uint16_t* d = nullptr;
+  int64_t groups = 0;     // weight groups a row
+  int64_t supers = 0;     // 256-weight blocks a row
+  int64_t per_super = 0;  // weight groups a 256-weight block
+  bool negate = false;    // the K-quants' minimums: -(dmin * mn)
+};
+
+struct PackedW {
+  const uint8_t* nib;
+  const uint8_t* high;  // nullptr for 4 bits
+  int64_t groups;       // groups of 32 a row
+  ScaleRef s, m;
+  int32_t bias;
+};
+
+template <int Kind>
+inline float scale_at(const ScaleRef& s, int64_t t, int64_t wg, int64_t i) {
+  const int64_t at = (t * s.groups + wg) * kTile + i;
+  if constexpr (Kind == kHalfScales) {
+    return half_to_float(static_cast<const uint16_t*>(s.values)[at]);
+  } else {
+    const float d = half_to_float(s.d[(t * s.supers + wg / s.per_super) * kTile + i]);
+    const float sc = Kind == kSuperU8 ? static_cast<float>(static_cast<const uint8_t*>(s.values)[at])
+                                      : static_cast<float>(static_cast<const int8_t*>(s.values)[at]);
+    const float v = d * sc;  // exact: an 11-bit significand times an 8-bit integer
+    return s.negate ? -v : v;
+  }
+}
+
+template <int Bits>
+inline int32_t code_at(const PackedW& w, int64_t t, int64_t g, int64_t e, int64_t lane) {
+  const uint8_t byte = w.nib[((t * w.groups + g) * 4 + e / 2) * 64 + lane];
+  int32_t u = (e & 1 ? byte >> 4 : byte) & 0x0f;
+  if constexpr (Bits == 5) u |= ((w.high[(t * w.groups + g) * 64 + lane] >> e) & 1) << 4;
+  if constexpr (Bits == 6) u |= ((w.high[(t * w.groups + g) * 128 + (e / 4) * 64 + lane] >> (2 * (e % 4))) & 3) << 4;
+  return u - w.bias;
+}
+
+// -- scalar: the reference ---------------------------------------------------------------------
+
+template <int Bits, int H, bool Mins, int Kind>
+void kq_scalar(const QuantizedRows& xr, int64_t rows, const PackedW& w, int64_t t0, int64_t t1, const Output& out) {
+  const int64_t groups = w.groups, k = groups * kGroup, lines = 8 / H;
+  float acc[kTile];
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int8_t* xq = xr.q.data() + r * k;
+      std::fill(acc, acc + kTile, 0.0f);
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t i = 0; i < kTile; ++i) {
+          for (int64_t h = 0; h < H; ++h) {
+            int32_t dot = 0;
+            for (int64_t e = lines * h; e < lines * (h + 1); ++e)
+              for (int64_t b = 0; b < 4; ++b) dot += code_at<Bits>(w, t, g, e, 4 * i + b) * xq[g * kGroup + 4 * e + b];
+            const float s = scale_at<Kind>(w.s, t, g * H + h, i);
+            acc[i] = std::fma(s * xr.dx[r * groups + g], static_cast<float>(dot), acc[i]);
+          }
+          if constexpr (Mins) acc[i] = std::fma(scale_at<Kind>(w.m, t, g, i), xr.ux[r * groups + g], acc[i]);
+        }
+      }
+      out.put(r, t * kTile, acc, kTile);
+    }
+  }
+}
+
+// -- AVX2 + FMA: 8 outputs a vector, a tile is two halves --------------------------------------
+
+#define ARGOSY_KQ_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// line e of group g, outputs 8h .. 8h + 7: the unsigned codes u (32 bytes)
+template <int Bits>
+ARGOSY_KQ_AVX2 inline __m256i codes_256(const PackedW& w, int64_t t, int64_t g, int e, int h) {
+  const int64_t tg = t * w.groups + g;
+  __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.nib + (tg * 4 + e / 2) * 64 + h * 32));
+  if (e & 1) v = _mm256_srli_epi16(v, 4);
+  v = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+  if constexpr (Bits > 4) {
+    const int plane = Bits == 5 ? 0 : e / 4, shift = Bits == 5 ? e : 2 * (e % 4);
+    const __m256i hv = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(w.high + tg * (Bits - 4) * 64 + plane * 64 + h * 32));
+    // a 16-bit shift then a byte mask: each byte's own bits (nothing crosses the mask)
+    const __m256i bits = _mm256_and_si256(_mm256_srl_epi16(hv, _mm_cvtsi32_si128(shift)),
+                                          _mm256_set1_epi8(Bits == 5 ? 0x01 : 0x03));
+    v = _mm256_or_si256(v, _mm256_slli_epi16(bits, 4));
+  }
+  return v;
+}
+
+template <int Kind>
+ARGOSY_KQ_AVX2 inline __m256 scales_8(const ScaleRef& s, int64_t t, int64_t wg, int h) {
+  const int64_t at = (t * s.groups + wg) * kTile + 8 * h;
+  if constexpr (Kind == kHalfScales) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(s.values) + at)));
+  } else {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(s.d + (t * s.supers + wg / s.per_super) * kTile + 8 * h)));
+    const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(s.values) + at));
+    const __m256 sc = _mm256_cvtepi32_ps(Kind == kSuperU8 ? _mm256_cvtepu8_epi32(raw) : _mm256_cvtepi8_epi32(raw));
+    const __m256 v = _mm256_mul_ps(d, sc);
+    return s.negate ? _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(v), _mm256_set1_epi32(INT32_MIN))) : v;
+  }
+}
+
+// R rows x one tile. Byte products of u (<= 2^bits - 1) and x summed N steps in int16 (N * span
+// <= 129: below 2^15), widened once, from start (-bias times the sum of xq over the weight group)
+template <int R, int Bits, int H, bool Mins, int Kind>
+ARGOSY_KQ_AVX2 void kq_avx2_rows(const int8_t* xq, int64_t k, const float* dx, const float* ux, const int32_t* start,
+                                 const PackedW& w, int64_t t, float* res) {
+  constexpr int J = 8 / H, N = Bits == 4 ? 8 : Bits == 5 ? 4 : 2;
+  static_assert(J % N == 0, "the int16 sums cover whole weight groups");
+  const int64_t groups = w.groups;
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int hg = 0; hg < H; ++hg) {
+      __m256i dot[R][2];
+      for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_set1_epi32(start[(r * groups + g) * H + hg]);
+      for (int jb = 0; jb < J; jb += N) {
+        __m256i sum16[R][2];
+        for (int r = 0; r < R; ++r) sum16[r][0] = sum16[r][1] = _mm256_setzero_si256();
+        for (int jj = 0; jj < N; ++jj) {
+          const int e = J * hg + jb + jj;
+          __m256i xs[R];
+          for (int r = 0; r < R; ++r) {
+            int32_t xv;
+            std::memcpy(&xv, xq + r * k + g * kGroup + 4 * e, 4);
+            xs[r] = _mm256_set1_epi32(xv);
+          }
+          for (int h = 0; h < 2; ++h) {
+            const __m256i u = codes_256<Bits>(w, t, g, e, h);
+            for (int r = 0; r < R; ++r) sum16[r][h] = _mm256_add_epi16(sum16[r][h], _mm256_maddubs_epi16(u, xs[r]));
+          }
+        }
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(sum16[r][h], ones));
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256 s = scales_8<Kind>(w.s, t, g * H + hg, h);
+        for (int r = 0; r < R; ++r) {
+          const __m256 dd = _mm256_mul_ps(s, _mm256_set1_ps(dx[r * groups + g]));
+          acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot[r][h]), acc[r][h]);
+        }
+      }
+    }
+    if constexpr (Mins) {
+      for (int h = 0; h < 2; ++h) {
+        const __m256 m = scales_8<Kind>(w.m, t, g, h);
+        for (int r = 0; r < R; ++r) acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(ux[r * groups + g]), acc[r][h]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(res + r * kTile + 8 * h, acc[r][h]);
+}
+
+// -- AVX-512 VNNI: 16 outputs a vector --------------------------------------------------------
+
+#define ARGOSY_KQ_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+template <int Bits>
+ARGOSY_KQ_AVX512 inline __m512i codes_512(const PackedW& w, int64_t t, int64_t g, int e) {
+  const int64_t tg = t * w.groups + g;
+  __m512i v = _mm512_loadu_si512(w.nib + (tg * 4 + e / 2) * 64);
+  if (e & 1) v = _mm512_srli_epi16(v, 4);
+  v = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+  if constexpr (Bits > 4) {
+    const int plane = Bits == 5 ? 0 : e / 4, shift = Bits == 5 ? e : 2 * (e % 4);
+    const __m512i hv = _mm512_loadu_si512(w.high + tg * (Bits - 4) * 64 + plane * 64);
+    const __m512i bits = _mm512_and_si512(_mm512_srl_epi16(hv, _mm_cvtsi32_si128(shift)),
+                                          _mm512_set1_epi8(Bits == 5 ? 0x01 : 0x03));
+    v = _mm512_or_si512(v, _mm512_slli_epi16(bits, 4));
+  }
+  return v;
+}
+
+template <int Kind>
+ARGOSY_KQ_AVX512 inline __m512 scales_16(const ScaleRef& s, int64_t t, int64_t wg) {
+  const int64_t at = (t * s.groups + wg) * kTile;
+  if constexpr (Kind == kHalfScales) {
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(s.values) + at)));
+  } else {
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.d + (t * s.supers + wg / s.per_super) * kTile)));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(s.values) + at));
+    const __m512 sc = _mm512_cvtepi32_ps(Kind == kSuperU8 ? _mm512_cvtepu8_epi32(raw) : _mm512_cvtepi8_epi32(raw));
+    const __m512 v = _mm512_mul_ps(d, sc);
+    return s.negate ? _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)))
+                    : v;
+  }
+}
+
+// R rows x T tiles from tile t0 (consecutive); start: per row and weight group
+template <int R, int T, int Bits, int H, bool Mins, int Kind>
+ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, int64_t k, const float* dx, const float* ux,
+                                      const int32_t* start, const PackedW& w, int64_t t0, float* res, bool prefetch) {
+  const int64_t groups = w.groups;
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    if (prefetch) {  // the next tile block's group: its memory read overlaps this block's arithmetic
+      for (int t = 0; t < T; ++t) {
+        const int64_t tg = (t0 + T + t) * groups + g;
+        for (int c = 0; c < 4; ++c) _mm_prefetch(reinterpret_cast<const char*>(w.nib + tg * 256 + c * 64), _MM_HINT_T1);
+        for (int p = 0; p < Bits - 4; ++p)
+          _mm_prefetch(reinterpret_cast<const char*>(w.high + tg * (Bits - 4) * 64 + p * 64), _MM_HINT_T1);
+      }
+    }
+    for (int hg = 0; hg < H; ++hg) {
+      __m512i dot[R][T];
+      for (int r = 0; r < R; ++r) {
+        const __m512i s0 = _mm512_set1_epi32(start[(r * groups + g) * H + hg]);
+        for (int t = 0; t < T; ++t) dot[r][t] = s0;
+      }
+      for (int jj = 0; jj < 8 / H; ++jj) {
+        const int e = (8 / H) * hg + jj;
+        __m512i xs[R];
+        for (int r = 0; r < R; ++r) {
+          int32_t a;
+          std::memcpy(&a, xq + r * k + g * kGroup + 4 * e, 4);
+          xs[r] = _mm512_set1_epi32(a);
+        }
+        for (int t = 0; t < T; ++t) {
+          const __m512i u = codes_512<Bits>(w, t0 + t, g, e);
+          for (int r = 0; r < R; ++r) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], u, xs[r]);
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m512 s = scales_16<Kind>(w.s, t0 + t, g * H + hg);
+        for (int r = 0; r < R; ++r) {
+          const __m512 dot_f = _mm512_cvtepi32_ps(dot[r][t]);
+          acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(s, _mm512_set1_ps(dx[r * groups + g])), dot_f, acc[r][t]);
+        }
+      }
+    }
+    if constexpr (Mins) {
+      for (int t = 0; t < T; ++t) {
+        const __m512 m = scales_16<Kind>(w.m, t0 + t, g);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(m, _mm512_set1_ps(ux[r * groups + g]), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(res + (r * T + t) * kTile, acc[r][t]);
+}
+
+// -- driving ----------------------------------------------------------------------------------
+
+template <int Bits, int H, bool Mins, int Kind>
+void kq_run(const LinearCall& call, int64_t tiles, const PackedW& w) {
+  const int64_t rows = call.rows, path = call.path, groups = w.groups, k = groups * kGroup;
+  const QuantizedRows& xr = call.xr;
+  const Output& o = call.o;
+  if (path == kScalar) {
+    for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { kq_scalar<Bits, H, Mins, Kind>(xr, rows, w, t0, t1, o); });
+    return;
+  }
+  // per row and weight group: -bias times the sum of xq over it (u . xq + start = q . xq)
+  std::vector<int32_t> start(static_cast<size_t>(rows * groups * H));
+  for (int64_t i = 0; i < rows * groups * H; ++i) {
+    const int8_t* q = xr.q.data() + i * (kGroup / H);  // rows are contiguous: [r, g, h] is i
+    int32_t sum = 0;
+    for (int64_t b = 0; b < kGroup / H; ++b) sum += q[b];
+    start[static_cast<size_t>(i)] = -w.bias * sum;
+  }
+  const int64_t tiles_per_block = (path >= kAvx512 && tiles % 2 == 0) ? 2 : 1;
+  for_tile_blocks(tiles, tiles_per_block, [&](int64_t t0, int64_t t1) {
+    float res[kWideRowBlock * 2 * kTile];
+    const int64_t width = (t1 - t0) * kTile;
+    int64_t done = 0;
+    if (path >= kAvx512 && rows <= kWideMaxRows) {  // a decode step's few rows: eight a tile
+      for (; done + kWideRowBlock <= rows; done += kWideRowBlock) {
+        for (int64_t t = t0; t < t1; ++t) {
+          kq_avx512_block<kWideRowBlock, 1, Bits, H, Mins, Kind>(
+              xr.q.data() + done * k, k, xr.dx.data() + done * groups, xr.ux.data() + done * groups,
+              start.data() + done * groups * H, w, t, res, done == 0 && t + 1 < tiles);
+          for (int r = 0; r < kWideRowBlock; ++r) o.put(done + r, t * kTile, res + r * kTile, kTile);
+        }
+      }
+    }
+    for_row_blocks(rows - done, [&](int64_t r_rest, auto rows_constant) {
+      constexpr int R = decltype(rows_constant)::value;
+      const int64_t r0 = done + r_rest;
+      const int8_t* xq = xr.q.data() + r0 * k;
+      const float* dx = xr.dx.data() + r0 * groups;
+      const float* ux = xr.ux.data() + r0 * groups;
+      const int32_t* st = start.data() + r0 * groups * H;
+      if (path >= kAvx512) {
+        const bool prefetch = r0 == 0 && t1 + (t1 - t0) <= tiles;
+        if (t1 - t0 == 2)
+          kq_avx512_block<R, 2, Bits, H, Mins, Kind>(xq, k, dx, ux, st, w, t0, res, prefetch);
+        else
+          kq_avx512_block<R, 1, Bits, H, Mins, Kind>(xq, k, dx, ux, st, w, t0, res, prefetch);
+      } else {
+        if constexpr (R == 4) {  // two rows at a time: their sums stay in registers
+          kq_avx2_rows<2, Bits, H, Mins, Kind>(xq, k, dx, ux, st, w, t0, res);
+          kq_avx2_rows<2, Bits, H, Mins, Kind>(xq + 2 * k, k, dx + 2 * groups, ux + 2 * groups, st + 2 * groups * H,
+                                               w, t0, res + 2 * kTile);
+        } else {
+          kq_avx2_rows<R, Bits, H, Mins, Kind>(xq, k, dx, ux, st, w, t0, res);
+        }
+      }
+      for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
+    });
+  });
+}
+
+ScaleRef scale_ref(const at::Tensor& values, const std::optional<at::Tensor>& d, int64_t tiles, int64_t k,
+                   const char* what) {
+  TORCH_CHECK(values.dim() == 3 && values.is_contiguous() && values.size(0) == tiles && values.size(2) == kTile,
+              "kq_linear: ", what, " must be contiguous [N/16, K/G, 16]");
+  ScaleRef s;
+  s.values = values.data_ptr();
+  s.groups = values.size(1);
+  const bool super = d.has_value() && d->defined();
+  if (!super) {
+    TORCH_CHECK(values.scalar_type() == at::kHalf, "kq_linear: ", what, " without a super scale must be float16");
+    return s;
+  }
+  TORCH_CHECK(values.scalar_type() == at::kByte || values.scalar_type() == at::kChar,
+              "kq_linear: ", what, " with a super scale must be uint8 or int8");
+  TORCH_CHECK(k % 256 == 0 && d->scalar_type() == at::kHalf && d->is_contiguous() && d->dim() == 3 &&
+                  d->size(0) == tiles && d->size(1) == k / 256 && d->size(2) == kTile,
+              "kq_linear: ", what, "' super scales must be contiguous float16 [N/16, K/256, 16]");
+  s.d = reinterpret_cast<const uint16_t*>(d->data_ptr<at::Half>());
+  s.supers = k / 256;
+  s.per_super = s.groups / s.supers;
+  return s;
+}
+
+at::Tensor kq_linear(const at::Tensor& x, const at::Tensor& nib, const std::optional<at::Tensor>& high,
+                     const at::Tensor& scales, const std::optional<at::Tensor>& scale_d,
+                     const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& min_d, int64_t bits,
+                     int64_t bias, int64_t out_features, bool out_float32) {
+  TORCH_CHECK(nib.scalar_type() == at::kByte && nib.dim() == 5 && nib.size(2) == 4 && nib.size(3) == 16 &&
+                  nib.size(4) == 4 && nib.is_contiguous(),
+              "kq_linear: nib must be contiguous uint8 [N/16, K/32, 4, 16, 4]");
+  const int64_t tiles = nib.size(0), groups = nib.size(1), k = groups * kGroup;
+  TORCH_CHECK(tiles * kTile == out_features, "kq_linear: codes hold ", tiles * kTile, " outputs, not ", out_features);
+  TORCH_CHECK(bits >= 4 && bits <= 6, "kq_linear: bits must be 4, 5 or 6");
+  TORCH_CHECK(0 <= bias && bias < (int64_t{1} << bits), "kq_linear: bias must be within [0, 2^bits)");
+  const bool has_high = high.has_value() && high->defined();
+  TORCH_CHECK(has_high == (bits > 4), "kq_linear: high bits are given exactly when bits > 4");
+  if (has_high)
+    TORCH_CHECK(high->scalar_type() == at::kByte && high->is_contiguous() && high->dim() == 3 &&
+                    high->size(0) == tiles && high->size(1) == groups && high->size(2) == (bits - 4) * 64,
+                "kq_linear: high must be contiguous uint8 [N/16, K/32, (bits - 4) * 64]");
+  PackedW w{nib.data_ptr<uint8_t>(), has_high ? high->data_ptr<uint8_t>() : nullptr, groups, {}, {},
+            static_cast<int32_t>(bias)};
+  w.s = scale_ref(scales, scale_d, tiles, k, "scales");
+  TORCH_CHECK(w.s.groups == groups || w.s.groups == 2 * groups, "kq_linear: scales must be per 32 or per 16 weights");
+  const int64_t h = w.s.groups / groups;
+  const bool has_mins = mins.has_value() && mins->defined();
+  if (has_mins) {
+    w.m = scale_ref(*mins, min_d, tiles, k, "mins");
+    TORCH_CHECK(w.m.groups == groups && (w.m.d == nullptr) == (w.s.d == nullptr) &&
+                    mins->scalar_type() == scales.scalar_type(),
+                "kq_linear: mins must be per 32 weights, in the scales' form");
+    w.m.negate = w.m.d != nullptr;
+  }
+  const int kind = w.s.d == nullptr ? kHalfScales : scales.scalar_type() == at::kByte ? kSuperU8 : kSuperI8;
+  const LinearCall call(x, k, groups, out_features, out_float32, "kq_linear");
+  if (call.rows == 0) return call.out;
+  // the forms GGUF's formats take (the codes of any, fewer bits where they fit)
+  if (bits == 4 && h == 1 && has_mins && kind == kSuperU8) kq_run<4, 1, true, kSuperU8>(call, tiles, w);  // Q4_K
+  else if (bits == 5 && h == 1 && has_mins && kind == kSuperU8) kq_run<5, 1, true, kSuperU8>(call, tiles, w);  // Q5_K
+  else if (bits == 6 && h == 2 && !has_mins && kind == kSuperI8) kq_run<6, 2, false, kSuperI8>(call, tiles, w);  // Q6_K
+  else if (bits == 5 && h == 1 && !has_mins && kind == kHalfScales) kq_run<5, 1, false, kHalfScales>(call, tiles, w);  // Q5_0
+  else if (bits == 5 && h == 1 && has_mins && kind == kHalfScales) kq_run<5, 1, true, kHalfScales>(call, tiles, w);  // Q5_1
+  else TORCH_CHECK(false, "kq_linear: no kernel for ", bits, " bits, scales per ", kGroup / h,
+                   has_mins ? " with" : " without", " minimums, scale form ", kind);
+  return call.out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(argosy_iq, m) {
+  m.def(
+      "kq_linear(Tensor x, Tensor nib, Tensor? high, Tensor scales, Tensor? scale_d, Tensor? mins, "
+      "Tensor? min_d, int bits, int bias, int out_features, bool out_float32) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(argosy_iq, CPU, m) { m.impl("kq_linear", &kq_linear); }
