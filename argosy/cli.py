@@ -120,6 +120,8 @@ _HELP = {
     "spec_max_decodes": "speculate only in steps with at most this many decoding requests",
     "ngram_min": "shortest suffix n-gram the ngram proposer looks up",
     "ngram_max": "longest suffix n-gram the ngram proposer looks up (tried first)",
+    "draft_model": "a smaller model of the same tokenizer that drafts tokens for the chat models "
+    "(speculative decoding; with --speculative ngram, n-gram drafts first)",
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*$")
 _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}

@@ -71,6 +71,9 @@ class EngineConfig:
     # while a step is bound by reading the weights, not once it is bound by compute (measured
     # on 2 CPU cores: 8 concurrent rewrites at 40% acceptance ran at 0.65x without this cap)
     spec_max_decodes: int = 4
+    # a smaller model of the same tokenizer that drafts for this one (runner/draft_model.py):
+    # a registered name, a .gguf file or a folder; with speculative "ngram" the two chain
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float32", "float16"):
@@ -130,7 +133,13 @@ class EngineConfig:
 
     @property
     def speculation_enabled(self) -> bool:
-        return self.speculative != "none"
+        return self.speculation_method != "none"
+
+    @property
+    def speculation_method(self) -> str:
+        """What drafts: "none", "ngram", "draft" (a draft model) or "ngram+draft" (chained)."""
+        methods = [m for m in (self.speculative, "draft" if self.draft_model else "none") if m != "none"]
+        return "+".join(methods) or "none"
 
 
 @dataclass(slots=True)
@@ -205,6 +214,7 @@ class ModelSpec:
     # a smaller chat model of the same tokenizer that serves this one's fill-in-the-middle
     # requests (`suffix`); routed there with QoS inline
     satellite: str | None = None
+    draft: str | None = None  # a draft model for speculative decoding (as --draft-model)
 
     def __post_init__(self) -> None:
         if not self.id.strip():
@@ -229,6 +239,8 @@ class ModelSpec:
             value = getattr(self, name)
             if value is not None:
                 overrides[name] = value
+        if self.draft is not None:
+            overrides["draft_model"] = self.draft
         return replace(base, **overrides)  # type: ignore[arg-type]
 
 

@@ -63,7 +63,7 @@ class LocalModelLoader:
         from argosy.engine.llm_engine import LLMEngine
 
         engine = AsyncEngine(lambda: LLMEngine(config))  # built on its own thread
-        options = ServiceOptions.of(spec, self.server_config, config.speculative)
+        options = ServiceOptions.of(spec, self.server_config, config.speculation_method)
         return ModelService(spec.id, engine, options, sessions=self.sessions)
 
 

@@ -38,8 +38,9 @@ from argosy.ops.devices import activation_reserve, gpu_kv_cache_bytes, resolve_d
 from argosy.ops.memory import release_free_memory
 from argosy.ops.native import native_ops_path
 from argosy.runner.compiled import compiled_graph_count
+from argosy.runner.draft_model import ChainProposer, DraftModelProposer, make_proposer
 from argosy.runner.model_runner import ModelRunner, StepResult, kv_bytes_per_block
-from argosy.runner.spec_decode import NgramProposer, Verified
+from argosy.runner.spec_decode import Verified
 from argosy.runner.structured import TokenGuide
 from argosy.sampling_params import SamplingParams
 
@@ -95,13 +96,7 @@ class LLMEngine:
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = set(self.source.eos_token_ids)
         self.block_manager = BlockManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.proposer = (
-            NgramProposer(
-                config.num_speculative_tokens, config.ngram_min, config.ngram_max, self.max_model_len
-            )
-            if config.speculative == "ngram"
-            else None
-        )
+        self.proposer = make_proposer(config, self.source, self.max_model_len)
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -164,8 +159,9 @@ class LLMEngine:
         )
         if self.proposer is not None:
             log.info(
-                "speculative decoding: %s, up to %d draft tokens, n-grams %d..%d",
-                config.speculative,
+                "speculative decoding: %s%s, up to %d draft tokens, n-grams %d..%d",
+                config.speculation_method,
+                f" ({config.draft_model})" if config.draft_model else "",
                 config.num_speculative_tokens,
                 config.ngram_min,
                 config.ngram_max,
@@ -217,6 +213,8 @@ class LLMEngine:
         """Ask a background compile to stop after its current graph (the engine is closing);
         wait up to `timeout` seconds for it."""
         self._stop_compiling.set()
+        if isinstance(self.proposer, DraftModelProposer | ChainProposer):
+            self.proposer.stop_compiling(timeout)
         if self._compile_thread is not None and self._compile_thread.is_alive() and timeout > 0:
             self._compile_thread.join(timeout)
 
@@ -302,11 +300,17 @@ class LLMEngine:
         if seq is None:
             return None
         self.scheduler.finish(seq, "abort")
-        self.runner.release(request_id)
+        self._release(request_id)
         return self._output(seq)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def _release(self, request_id: str) -> None:
+        """A request left the engine: its sampler state and its draft's KV blocks go."""
+        self.runner.release(request_id)
+        if isinstance(self.proposer, DraftModelProposer | ChainProposer):
+            self.proposer.release(request_id)
 
     # -- one step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -324,7 +328,7 @@ class LLMEngine:
     def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
         self.scheduler.finish(seq, "error")
         self.sequences.pop(seq.request_id, None)
-        self.runner.release(seq.request_id)
+        self._release(seq.request_id)
         out = self._output(seq)
         out.error = f"{type(exc).__name__}: {exc}"
         return out
@@ -344,7 +348,7 @@ class LLMEngine:
                 self.scheduler.finish(seq, "error")
                 outputs.append(self._output(seq))
                 self.sequences.pop(seq.request_id, None)
-                self.runner.release(seq.request_id)
+                self._release(seq.request_id)
                 continue
             verified = result.verified.get(seq.request_id)
             if seq.pooling is not None:
@@ -366,7 +370,7 @@ class LLMEngine:
             outputs.append(self._output(seq))
             if seq.is_finished:
                 self.sequences.pop(seq.request_id, None)
-                self.runner.release(seq.request_id)
+                self._release(seq.request_id)
         return outputs
 
     def _append_verified(self, seq: Sequence, num_proposed: int, verified: Verified) -> None:

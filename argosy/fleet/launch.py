@@ -138,7 +138,7 @@ class FleetModelLoader:
         client = FleetEngineClient(
             nodes, description, config.block_size, Placer(self.options.placement, config.block_size)
         )
-        options = ServiceOptions.of(spec, self.server_config, config.speculative)
+        options = ServiceOptions.of(spec, self.server_config, config.speculation_method)
         return ModelService(spec.id, client, options, sessions=self.sessions)
 
     def _slots(self) -> tuple[list[str], list[Any]]:

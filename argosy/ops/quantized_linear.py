@@ -406,16 +406,20 @@ class BatchSwitchLinear(nn.Module):
 
 
 class CodesEmbedding(nn.Module):
-    """A tied embedding read from its output head's invariant int8 codes: row n is
+    """A tied embedding read from its output head's invariant codes (or an untied one from its
+    own, `owned`), int8 or packed: row n is
     s[n, k / G] * q[n, k] (+ m[n, k / 32]) in float32, as the gguf package dequantizes a GGUF
     block format, so the table's tokens come out as the file holds them (a bf16 table rounds
     them to 8 bits), and the float copy of the table goes (57 MB for SmolLM2). Only where the
     codes give the weights back exactly (`codes_are_exact`)."""
 
-    def __init__(self, head: Int8Linear) -> None:
+    def __init__(self, head: Int8Linear, owned: bool = False) -> None:
+        """`owned`: the codes are the table's own (an untied embedding's), not a head's."""
         super().__init__()
         assert head.invariant
         self.head = [head]  # not a submodule: the head owns the buffers
+        if owned:
+            self.table = head
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -26,8 +26,8 @@ proposer, and schedules 1 + k tokens: the last known token, then the draft):
   `num_computed_tokens`, so their blocks are neither published to the prefix cache nor
   read before the next step overwrites them.
 
-Proposers: `NgramProposer` (prompt lookup). A draft-model proposer would plug in behind
-the same `propose(seq, limit)`.
+Proposers: `NgramProposer` (prompt lookup) and, behind the same `propose(seq, limit)`, a
+draft model (argosy/runner/draft_model.py).
 """
 
 from __future__ import annotations
@@ -50,6 +50,15 @@ def can_speculate(seq: Sequence) -> bool:
 
 
 # -- proposers ------------------------------------------------------------------------------
+
+
+def draft_room(seq: Sequence, k: int, max_model_len: int) -> int:
+    """Most draft tokens worth verifying: the emitted tokens must fit max_tokens (one of them is
+    the target's own) and every verified position must fit the context."""
+    room = min(k, max_model_len - seq.num_tokens)
+    if seq.params.max_tokens is not None:
+        room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
+    return room
 
 
 class _TokenBuffer:
@@ -92,16 +101,8 @@ class NgramProposer:
         self.ngram_max = ngram_max
         self.max_model_len = max_model_len
 
-    def room(self, seq: Sequence) -> int:
-        """Most draft tokens worth verifying: the emitted tokens must fit max_tokens (one of them
-        is the target's own) and every verified position must fit the context."""
-        room = min(self.k, self.max_model_len - seq.num_tokens)
-        if seq.params.max_tokens is not None:
-            room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
-        return room
-
     def propose(self, seq: Sequence, limit: int) -> list[int]:
-        limit = min(limit, self.room(seq))
+        limit = min(limit, draft_room(seq, self.k, self.max_model_len))
         if limit <= 0 or not can_speculate(seq):
             return []
         buffer = seq.spec_state

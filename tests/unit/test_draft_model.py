@@ -1,0 +1,105 @@
+"""A draft model for speculative decoding (argosy/runner/draft_model.py): greedy and seeded
+requests give the tokens they give without it, the draft really runs its model (a draft equal to
+the target is always right), its KV blocks go back when requests end, chaining with the n-gram
+lookup, and a draft of another vocabulary is refused naming the difference."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from tokenizers import Tokenizer, models
+
+from argosy.engine.llm_engine import LLMEngine
+from argosy.errors import ModelLoadError
+from argosy.runner.draft_model import ChainProposer, DraftModelProposer, vocabulary_difference
+from argosy.runner.spec_decode import NgramProposer
+from argosy.sampling_params import SamplingParams
+from tests.unit.conftest import TinyModel
+from tests.unit.test_engine import greedy, prompt, run, run_one
+from tests.unit.test_spec_decode import draft_prone_prompt, use_proposer
+
+
+def with_draft(
+    target: TinyModel, draft: TinyModel, **options: object
+) -> tuple[LLMEngine, DraftModelProposer]:
+    engine = target.engine(**options)
+    config = replace(engine.config, draft_model=str(draft.folder))
+    proposer = DraftModelProposer(config, target.source, engine.max_model_len, source=draft.source)
+    return use_proposer(engine, proposer), proposer
+
+
+def test_greedy_with_a_draft_model_equals_plain_decoding(
+    tiny_qwen2: TinyModel, tiny_llama: TinyModel
+) -> None:
+    requests = {f"r{s}": (prompt(10 + s, s), greedy(24)) for s in range(3)}
+    plain = run(tiny_qwen2.engine(), requests)
+    engine, proposer = with_draft(tiny_qwen2, tiny_llama)
+    for rid, (ids, params) in requests.items():  # alone, then all together
+        assert run_one(engine, ids, params, rid).token_ids == plain[rid].token_ids, rid
+    together = run(engine, {f"b{rid}": request for rid, request in requests.items()})
+    assert all(together[f"b{rid}"].token_ids == plain[rid].token_ids for rid in requests)
+    assert engine.stats().spec_proposed_tokens > 0
+    # every request ended: its draft's blocks are back
+    assert not proposer.states
+    bm = proposer.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_a_draft_equal_to_the_target_is_always_accepted(tiny_qwen2: TinyModel) -> None:
+    engine, _ = with_draft(tiny_qwen2, tiny_qwen2)
+    ids = prompt(12, 3)
+    out = run_one(engine, ids, greedy(30), "same")
+    assert out.token_ids == tiny_qwen2.greedy(ids, 30)
+    stats = engine.stats()
+    assert stats.spec_proposed_tokens > 20 and stats.spec_accepted_tokens == stats.spec_proposed_tokens
+
+
+def test_seeded_sampling_with_a_draft_model_equals_plain_sampling(
+    tiny_qwen2: TinyModel, tiny_llama: TinyModel
+) -> None:
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=24)
+    ids = prompt(9, 5)
+    plain = run_one(tiny_qwen2.engine(), ids, params, "s").token_ids
+    engine, _ = with_draft(tiny_qwen2, tiny_llama)
+    assert run_one(engine, ids, params, "s").token_ids == plain
+    same, _ = with_draft(tiny_qwen2, tiny_qwen2)
+    assert run_one(same, ids, params, "s").token_ids == plain
+
+
+def test_ngram_drafts_first_then_the_draft_model(tiny_qwen2: TinyModel, tiny_llama: TinyModel) -> None:
+    ids = draft_prone_prompt(tiny_qwen2, 2)
+    plain = run_one(tiny_qwen2.engine(), ids, greedy(30), "c").token_ids
+    engine, proposer = with_draft(tiny_qwen2, tiny_llama)
+    ngram = NgramProposer(3, 1, 3, engine.max_model_len)
+    chain = ChainProposer(ngram, proposer)
+    use_proposer(engine, chain)
+    calls = {"model": 0}
+    propose = proposer.propose
+
+    def counted(seq, limit):  # type: ignore[no-untyped-def]
+        calls["model"] += 1
+        return propose(seq, limit)
+
+    proposer.propose = counted  # type: ignore[method-assign]
+    assert run_one(engine, ids, greedy(30), "c").token_ids == plain
+    # the n-gram lookup drafted some steps (the repeated half), the model the others
+    assert 0 < calls["model"] < engine.stats().spec_steps
+
+
+def test_a_draft_of_another_vocabulary_is_refused_naming_the_difference(tiny_qwen2: TinyModel) -> None:
+    other = Tokenizer(models.WordLevel({"a": 0, "b": 1}, unk_token="a"))
+    draft = replace(tiny_qwen2.source, tokenizer=other)
+    assert (
+        vocabulary_difference(draft, tiny_qwen2.source)
+        == "the draft's tokenizer has 2 tokens, the target's 1"
+    )
+    renamed = replace(tiny_qwen2.source, tokenizer=Tokenizer(models.WordLevel({"b": 0}, unk_token="b")))
+    assert (
+        vocabulary_difference(renamed, tiny_qwen2.source)
+        == "token 'b' is id 0 in the draft, None in the target"
+    )
+    engine = tiny_qwen2.engine()
+    config = replace(engine.config, draft_model="other")
+    with pytest.raises(ModelLoadError, match="cannot draft for 'tiny': the draft's tokenizer has 2 tokens"):
+        DraftModelProposer(config, tiny_qwen2.source, engine.max_model_len, source=draft)
