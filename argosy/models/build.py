@@ -21,7 +21,14 @@ from argosy.errors import ModelLoadError
 from argosy.models.device_kernels import DEVICE_KERNELS
 from argosy.models.gguf_quant import BLOCKS_FILE, INT4_FILE
 from argosy.models.llama import MLP, DecoderForCausalLM, RMSNorm
-from argosy.models.quantize import apply_blocks, apply_int4, apply_int8, apply_int8_head, block_codes_of
+from argosy.models.quantize import (
+    FUSED_PARTS,
+    apply_blocks,
+    apply_int4,
+    apply_int8,
+    apply_int8_head,
+    block_codes_of,
+)
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
 from argosy.ops.devices import out_of_memory
@@ -134,14 +141,17 @@ def load_model(
     if not files:
         raise ModelLoadError(f"no *.safetensors files in {source.weights_dir}")
 
+    served = served_by_codes(model, source) if invariant and quantization in ("auto", "int4") else set()
+
     def weights():  # type: ignore[no-untyped-def]
         # one tensor at a time: a whole file in memory at once raised the load's peak RSS
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
-                    yield name, f.get_tensor(name)
+                    yield name, None if name in served else f.get_tensor(name)
 
     model.load_weights(weights())
+    unread = {id(p) for name, p in model.named_parameters() if _param_hf_names(name) & served}
     swap = DEVICE_KERNELS.get(torch.device(device).type)
     if swap is not None:  # the device's own layers, swapped on the host, then moved
         count = swap(model.eval(), source, quantization)
@@ -170,11 +180,54 @@ def load_model(
                 rows = file_rows(files, [f"model.{name}.weight"])
                 exact = rows(0, module.weight.shape[0]) if rows is not None else module.weight
                 module.weight = torch.nn.Parameter(exact.detach().float(), requires_grad=False)
+    left = [name for name, p in model.named_parameters() if id(p) in unread]
+    if left:  # served_by_codes promised codes the quantization did not take: a bug, not input
+        raise ModelLoadError(f"internal: weights left unread but not replaced by their codes: {left[:3]}")
     if pack:
         log.info(
             "packed %s weights: %d linear layers", str(dtype).removeprefix("torch."), apply_packing(model)
         )
     return model
+
+
+def served_by_codes(model: DecoderForCausalLM, source: ModelSource) -> set[str]:
+    """The HF weight names the invariant mode serves from a GGUF's own codes (argosy-int4 /
+    argosy-blocks files), whose float copies need never be read: every part of a fused
+    projection with codes in one file (apply_int4 / apply_blocks take it whole), and the head
+    and an untied embedding with codes in 16-row tiles of 32-column groups. Reading them
+    anyway held the whole model in bf16 at load (Qwen2.5-Coder-1.5B: 3.1 GB before its 1 GB of
+    codes replaced it)."""
+    if not invariant_qlinear(model.embed_tokens.weight.dtype):
+        return set()
+    coded: list[set[str]] = []
+    for name in (INT4_FILE, BLOCKS_FILE):
+        path = Path(source.weights_dir) / name
+        if path.exists():
+            with safe_open(str(path), framework="pt") as f:
+                keys = list(f.keys())  # noqa: SIM118 - safe_open has keys(), no iteration
+            coded.append({key.removesuffix(".codes") for key in keys if key.endswith(".codes")})
+    served: set[str] = set()
+    for i in range(model.config.num_layers):
+        for parts in FUSED_PARTS.values():
+            names = {f"model.layers.{i}.{p}.weight" for p in parts}
+            if any(names <= file_names for file_names in coded):
+                served |= names
+    blocks: set[str] = coded[-1] if (Path(source.weights_dir) / BLOCKS_FILE).exists() else set()
+    tied = model.lm_head.weight is model.embed_tokens.weight
+    vocab, hidden = model.embed_tokens.weight.shape
+    if vocab % 16 == 0 and hidden % 32 == 0:
+        for name in ["model.embed_tokens.weight"] + ([] if tied else ["lm_head.weight"]):
+            if name in blocks:
+                served.add(name)
+    return served
+
+
+def _param_hf_names(param_name: str) -> set[str]:
+    """The HF weight names a parameter of ours is loaded from (a fused one from its parts)."""
+    for fused, parts in FUSED_PARTS.items():
+        if f".{fused}." in f".{param_name}":
+            return {"model." + param_name.replace(fused, part) for part in parts}
+    return {param_name if param_name == "lm_head.weight" else "model." + param_name}
 
 
 @contextlib.contextmanager

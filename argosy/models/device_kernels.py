@@ -20,7 +20,7 @@ from argosy.errors import ModelLoadError
 from argosy.models.gemma3 import GemmaRMSNorm
 from argosy.models.gguf_quant import INT4_FILE
 from argosy.models.llama import Attention, DecoderForCausalLM, RMSNorm
-from argosy.models.quantize import _FUSED_PARTS, _replace
+from argosy.models.quantize import FUSED_PARTS, _replace
 from argosy.models.source import ModelSource
 
 
@@ -40,7 +40,7 @@ def apply_cuda_kernels(model: DecoderForCausalLM, source: ModelSource, quantizat
     cfg = model.config
     count = 0
     for i in range(cfg.num_layers):
-        for fused, parts in _FUSED_PARTS.items():
+        for fused, parts in FUSED_PARTS.items():
             path = f"layers.{i}.{fused}"
             current = model.get_submodule(path)
             assert isinstance(current, nn.Linear)

@@ -241,7 +241,9 @@ class DecoderForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | None]]) -> None:
+        """Copy the checkpoint's weights in; a weight given as None is served by the file's own
+        codes (build.load_model) and left unread: its parameter is replaced before any step."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for hf_name, tensor in weights:
@@ -258,7 +260,9 @@ class DecoderForCausalLM(nn.Module):
             param = params.get(target)
             if param is None:
                 raise ModelLoadError(f"unexpected weight {hf_name!r} for this architecture")
-            if shard is None:
+            if tensor is None:
+                pass
+            elif shard is None:
                 _copy(param, tensor, hf_name)
             else:
                 _copy(self._shard(target, param, shard), tensor, hf_name)

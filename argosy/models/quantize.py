@@ -24,7 +24,7 @@ from argosy.ops.quantized_linear import (
 )
 
 # our fused module -> the HF weights it is made of, in order
-_FUSED_PARTS = {
+FUSED_PARTS = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "self_attn.o_proj": ("self_attn.o_proj",),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
@@ -49,7 +49,7 @@ def apply_int4(
     the float layer is kept too and used for steps of more rows (BatchSwitchLinear)."""
     count = 0
     for i in range(model.config.num_layers):
-        for fused, parts in _FUSED_PARTS.items():
+        for fused, parts in FUSED_PARTS.items():
             names = [f"model.layers.{i}.{p}.weight" for p in parts]
             if not all(f"{n}.codes" in blocks for n in names):
                 continue
@@ -103,7 +103,7 @@ def apply_blocks(model: DecoderForCausalLM, blocks: dict[str, torch.Tensor], dty
     form becomes one layer a form (PartsLinear). Returns the number swapped."""
     count = 0
     for i in range(model.config.num_layers):
-        for fused, parts in _FUSED_PARTS.items():
+        for fused, parts in FUSED_PARTS.items():
             path = f"layers.{i}.{fused}"
             current = model.get_submodule(path)
             names = [f"model.layers.{i}.{p}.weight" for p in parts]
@@ -132,7 +132,7 @@ def apply_int8(
     weight rows as the files hold them, if anywhere (Int8Linear's `weight_rows`)."""
     count = 0
     for i in range(model.config.num_layers):
-        for fused, parts in _FUSED_PARTS.items():
+        for fused, parts in FUSED_PARTS.items():
             path = f"layers.{i}.{fused}"
             current = model.get_submodule(path)
             if isinstance(current, nn.Linear):

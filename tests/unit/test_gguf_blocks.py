@@ -18,7 +18,7 @@ from argosy.models.build import describe_weights, load_model, resolve_numerics
 from argosy.models.gguf_config import GGUF_TENSOR_TYPES_KEY, tensor_formats
 from argosy.models.gguf_quant import BLOCKS_FILE, block_codes, block_values
 from argosy.models.loader import resolve_model
-from argosy.models.quantize import _FUSED_PARTS
+from argosy.models.quantize import FUSED_PARTS
 from argosy.ops.native import load_invariant_ops
 from argosy.ops.quantized_linear import BlockCodes, CodesEmbedding, Int8Linear
 
@@ -129,7 +129,7 @@ def test_a_gguf_of_other_blocks_serves_its_own_codes(tmp_path: Path, arch: str, 
     model = load_model(source, dtype, quantization="auto", invariant=True)
     floats = load_torch(str(source.weights_dir / "model.safetensors"))
     for i in range(source.hf_config["num_hidden_layers"]):
-        for fused, parts in _FUSED_PARTS.items():
+        for fused, parts in FUSED_PARTS.items():
             layer = model.get_submodule(f"layers.{i}.{fused}")
             assert isinstance(layer, Int8Linear) and layer.own_codes and layer.invariant
             expected = torch.cat([floats[f"model.layers.{i}.{p}.weight"] for p in parts])
