@@ -75,7 +75,13 @@ def metrics_for(workloads: Workloads) -> list[Metric]:
             f"Input-grounded single stream (rewrite a passage), {workloads.decode_tokens} tok (tok/s)",
             True,
         ),
-        Metric("grounded_accept_pct", "Input-grounded: draft tokens accepted (%, --speculative ngram)", None),
+        Metric("grounded_accept_pct", "Input-grounded: draft tokens accepted (%, speculation)", None),
+        Metric(
+            "code_tok_s",
+            f"Code single stream (write a function), {workloads.decode_tokens} tok (tok/s)",
+            True,
+        ),
+        Metric("code_accept_pct", "Code: draft tokens accepted (%, speculation)", None),
         Metric("prefill_tok_s", f"Prefill, ~{workloads.prefill_prompt_tokens}-tok prompt (tok/s)", True),
     ]
     for n in workloads.concurrency_levels:
@@ -213,7 +219,12 @@ def run_system(
             continue
         port = peers.free_port()
         ctx = peers.LaunchContext(
-            model=model, threads=args.threads, port=port, slots=slots, run_dir=peer_builds.PEERS_DIR / "run"
+            model=model,
+            threads=args.threads,
+            port=port,
+            slots=slots,
+            run_dir=peer_builds.PEERS_DIR / "run",
+            draft=args.draft_files,
         )
         print(f"[{spec.name}] starting (slots {slots}) on {peers.HOST}:{port}", flush=True)
         started = time.monotonic()
@@ -360,7 +371,11 @@ def render_table(
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 repetition, fewer tokens (< 5 minutes)")
-    parser.add_argument("--peers", default=",".join(ALL_SYSTEMS), help=f"comma list from {ALL_SYSTEMS}")
+    parser.add_argument(
+        "--peers",
+        default=",".join(ALL_SYSTEMS),
+        help=f"comma list from {ALL_SYSTEMS}, and argosy-draft, llama-server-draft (with --draft-model)",
+    )
     parser.add_argument("--skip-build", action="store_true", help="never build; peers not built are skipped")
     parser.add_argument(
         "--rebuild", action="store_true", help="rebuild peers even if their marker is current"
@@ -384,6 +399,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--workload-timeout",
         type=float,
         help="seconds one workload repetition may take (default 600, --quick 45)",
+    )
+    parser.add_argument(
+        "--draft-model",
+        help="the draft model of argosy-draft and llama-server-draft (a registry name or .gguf)",
     )
     parser.add_argument("--note", default="", help="free text for the table header")
     parser.add_argument("--out", type=Path, help="Markdown file (default bench/results/compare-<time>.md)")
@@ -422,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
         source = Path(args.model) if args.model.endswith(".gguf") else Path(MODEL_REGISTRY[args.model]())
         args.model = str(peer_builds.requantize(source, args.requantize))
     model = peers.load_model_files(args.model)
+    args.draft_files = peers.load_model_files(args.draft_model) if args.draft_model else None
+    drafting = [name for name in args.systems if name.endswith("-draft")]
+    if drafting and args.draft_files is None:
+        raise SystemExit(f"{', '.join(drafting)} need --draft-model")
     ceiling = bandwidth.measure(model.gguf_path, args.threads)  # before any server runs
     print(f"[bench] {ceiling.line()}", flush=True)
     runner = WorkloadRunner(workloads, PromptTokenCounter(str(model.hf_dir)))

@@ -56,6 +56,7 @@ class LaunchContext:
     port: int
     slots: int
     run_dir: Path
+    draft: ModelFiles | None = None  # --draft-model: the systems that draft with it
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,16 @@ def _argosy_command(extra: list[str]) -> Callable[[LaunchContext], list[str]]:
         ]  # fmt: skip
 
     return command
+
+
+def _argosy_draft_command(ctx: LaunchContext) -> list[str]:
+    assert ctx.draft is not None, "--draft-model names the draft"
+    return _argosy_command(["--draft-model", ctx.draft.source or ctx.draft.name])(ctx)
+
+
+def _llama_server_draft_command(ctx: LaunchContext) -> list[str]:
+    assert ctx.draft is not None, "--draft-model names the draft"
+    return [*_llama_server_command(ctx), "-md", str(ctx.draft.gguf_path), "-td", str(ctx.threads)]
 
 
 def _llama_server_command(ctx: LaunchContext) -> list[str]:
@@ -156,6 +167,27 @@ SERVERS: dict[str, ServerSpec] = {
         request_overrides=_ignore_eos,
         workloads=("single", "grounded"),
         note="Argosy (default mode) with n-gram speculation; single-stream workloads only",
+    ),
+    "argosy-draft": ServerSpec(
+        name="argosy-draft",
+        label="Argosy, --draft-model",
+        build=None,
+        command=_argosy_draft_command,
+        request_model=lambda model: model.name,
+        request_overrides=_ignore_eos,
+        workloads=("single", "code", "grounded"),
+        note="Argosy (default mode) with --draft-model (compare.py --draft-model); single-stream workloads only",
+    ),
+    "llama-server-draft": ServerSpec(
+        name="llama-server-draft",
+        label="llama-server -md",
+        build="llama-server",
+        command=_llama_server_draft_command,
+        request_model=lambda model: model.name,
+        request_overrides=_ignore_eos,
+        needs_slots=True,
+        workloads=("single", "code", "grounded"),
+        note="llama-server with the same draft model (-md, its default draft settings); single-stream only",
     ),
     "argosy-bf16": ServerSpec(
         name="argosy-bf16",

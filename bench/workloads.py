@@ -79,6 +79,14 @@ PASSAGE = (
     "the sea and keeping the light burning for sailors they would never meet."
 )
 
+CODE_TASKS = [
+    "Write a Python function that merges two sorted lists into one sorted list, with a docstring "
+    "and type hints, then three pytest tests for it.",
+    "Write a Python class LRUCache with get and put in O(1), with docstrings, then a short usage example.",
+    "Write a JavaScript function that debounces another function, with JSDoc comments, then an example.",
+    "Write a Python function that parses an ISO 8601 date string without libraries, with a docstring "
+    "and tests.",
+]
 GROUNDED_PROMPT = f"Rewrite the following text in your own words, keeping every fact:\n\n{PASSAGE}"
 
 
@@ -125,7 +133,7 @@ class Workloads:
 
     def names(self) -> list[str]:
         return (
-            ["single", "grounded", "prefill"]
+            ["single", "code", "grounded", "prefill"]
             + [f"concurrency_{n}" for n in self.concurrency_levels]
             + ["shared_prefix"]
         )
@@ -301,6 +309,8 @@ class WorkloadRunner:
             return await self.prefill(client, repetition)
         if name == "grounded":
             return await self.grounded(client, repetition)
+        if name == "code":
+            return await self.code(client, repetition)
         if name.startswith("concurrency_"):
             return await self.concurrency(client, int(name.removeprefix("concurrency_")), repetition)
         if name == "shared_prefix":
@@ -316,6 +326,21 @@ class WorkloadRunner:
         figures = {"single_ttft_ms": result.ttft_s * 1000}
         if result.num_completion_tokens > 1 and span_s > 0:
             figures["decode_tok_s"] = (result.num_completion_tokens - 1) / span_s
+        return figures
+
+    async def code(self, client: Client, repetition: int) -> dict[str, float]:
+        """Single stream, writing code: what a draft model is for (a smaller coder predicts
+        most of a larger one's tokens)."""
+        rng = self._rng("code", repetition)
+        messages = [{"role": "user", "content": rng.choice(CODE_TASKS)}]
+        result = _require_ok(await client.chat(messages, self.workloads.decode_tokens, repetition), "code")
+        assert result.ttft_s is not None and result.last_token_s is not None
+        span_s = result.last_token_s - result.ttft_s
+        figures: dict[str, float] = {}
+        if result.num_completion_tokens > 1 and span_s > 0:
+            figures["code_tok_s"] = (result.num_completion_tokens - 1) / span_s
+        if result.spec_proposed:
+            figures["code_accept_pct"] = 100.0 * result.spec_accepted / result.spec_proposed
         return figures
 
     async def grounded(self, client: Client, repetition: int) -> dict[str, float]:
