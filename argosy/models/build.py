@@ -151,7 +151,9 @@ def load_model(
                     yield name, None if name in served else f.get_tensor(name)
 
     model.load_weights(weights())
-    unread = {id(p) for name, p in model.named_parameters() if _param_hf_names(name) & served}
+    # the parameters themselves (never ids: a freed one's id comes back on a new object); left
+    # unwritten, their pages were never touched, so holding them costs no memory
+    unread = [p for name, p in model.named_parameters() if _param_hf_names(name) & served]
     swap = DEVICE_KERNELS.get(torch.device(device).type)
     if swap is not None:  # the device's own layers, swapped on the host, then moved
         count = swap(model.eval(), source, quantization)
@@ -180,7 +182,8 @@ def load_model(
                 rows = file_rows(files, [f"model.{name}.weight"])
                 exact = rows(0, module.weight.shape[0]) if rows is not None else module.weight
                 module.weight = torch.nn.Parameter(exact.detach().float(), requires_grad=False)
-    left = [name for name, p in model.named_parameters() if id(p) in unread]
+    left = [name for name, p in model.named_parameters() if any(p is q for q in unread)]
+    del unread
     if left:  # served_by_codes promised codes the quantization did not take: a bug, not input
         raise ModelLoadError(f"internal: weights left unread but not replaced by their codes: {left[:3]}")
     if pack:

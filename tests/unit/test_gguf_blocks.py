@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file as load_torch
 
-from argosy.models.build import describe_weights, load_model, resolve_numerics
+from argosy.models.build import describe_weights, load_model, resolve_numerics, served_by_codes
 from argosy.models.gguf_config import GGUF_TENSOR_TYPES_KEY, tensor_formats
 from argosy.models.gguf_quant import BLOCKS_FILE, block_codes, block_values
 from argosy.models.loader import resolve_model
@@ -127,6 +127,13 @@ def test_a_gguf_of_other_blocks_serves_its_own_codes(tmp_path: Path, arch: str, 
     invariant, dtype = resolve_numerics("auto", "auto", "cpu", "auto", source)
     assert invariant and dtype == torch.bfloat16
     model = load_model(source, dtype, quantization="auto", invariant=True)
+    # every projection's float copy was left unread (its codes serve it), the head's too where
+    # it tiles (the 281-row head does not)
+    served = served_by_codes(load_model(source, dtype), source)
+    assert (
+        "model.layers.0.self_attn.q_proj.weight" in served and "model.layers.1.mlp.down_proj.weight" in served
+    )
+    assert ("lm_head.weight" in served or "model.embed_tokens.weight" in served) == (arch == "qwen2")
     floats = load_torch(str(source.weights_dir / "model.safetensors"))
     for i in range(source.hf_config["num_hidden_layers"]):
         for fused, parts in FUSED_PARTS.items():
