@@ -8,7 +8,8 @@
 //   The scales are either float16 (Q5_0, Q5_1: the file's d and m) or a K-quant's own form, an
 //   integer per weight group times a float16 per 256 weights: s = d * sc (Q4_K, Q5_K: sc 0..63;
 //   Q6_K: int8), and the K-quants' minimums m = -(dmin * mn), products exact in float32, as the
-//   gguf package computes them.
+//   gguf package computes them. Paths: scalar (the reference), AVX2, AVX-512 VNNI, and AMX-INT8
+//   tile dot products for steps of 8 rows or more (prefill, batched decode).
 //
 // The arithmetic is q8_linear's (iq_linear.cpp), step for step: the rows quantized per 32 as
 // there (iq_rows.h), the same integer dot per row, output and weight group (u . xq, started from
@@ -299,6 +300,94 @@ ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, int64_t k, const float* 
     for (int t = 0; t < T; ++t) _mm512_storeu_ps(res + (r * T + t) * kTile, acc[r][t]);
 }
 
+// -- AMX-INT8: steps of many rows -------------------------------------------------------------
+//
+// A tile's codes are unpacked once into B tiles (line e of group g is B row e: lane 4i + b holds
+// k = 4e + b of output i, the layout a tile dot product reads), then per 16 rows and weight group
+// one tile dot product (x signed, u unsigned: the integer u . xq), plus the same start, then the
+// same fp32 steps as the paths above: the same bits.
+
+#define ARGOSY_KQ_AMX \
+  __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define ARGOSY_KQ_BARRIER() asm volatile("" : : : "memory")
+
+constexpr int64_t kKqAmxMinRows = 8;
+
+struct alignas(64) KqAmxConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// C: 16 rows x 16 int32; A: 16 rows x one weight group of x (32 / H bytes); B: its 8 / H lines
+template <int H>
+ARGOSY_KQ_AMX inline void kq_amx_configure() {
+  KqAmxConfig cfg;
+  cfg.rows[0] = 16, cfg.colsb[0] = 64;
+  cfg.rows[1] = 16, cfg.colsb[1] = 32 / H;
+  cfg.rows[2] = 8 / H, cfg.colsb[2] = 64;
+  asm volatile("" : : "r"(&cfg) : "memory");  // GCC does not see ldtilecfg read it
+  _tile_loadconfig(&cfg);
+}
+
+// tiles [t0, t1) x every row; xp: x's codes padded to a multiple of 16 rows
+template <int Bits, int H, bool Mins, int Kind>
+ARGOSY_KQ_AMX void kq_amx(const QuantizedRows& xr, const int8_t* xp, const int32_t* start, int64_t rows,
+                          const PackedW& w, int64_t t0, int64_t t1, const Output& out) {
+  const int64_t groups = w.groups, k = groups * kGroup;
+  std::vector<uint8_t> storage(static_cast<size_t>(groups * 512 + 64));
+  uint8_t* b = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+  alignas(64) int32_t dots[16 * 16];
+  alignas(64) float res[16 * 16];
+  kq_amx_configure<H>();
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t g = 0; g < groups; ++g)
+      for (int e = 0; e < 8; ++e) _mm512_store_si512(b + g * 512 + e * 64, codes_512<Bits>(w, t, g, e));
+    ARGOSY_KQ_BARRIER();
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+      const int64_t nr = std::min<int64_t>(16, rows - r0);
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* dx = xr.dx.data() + r0 * groups + g;
+        for (int hg = 0; hg < H; ++hg) {
+          _tile_zero(0);
+          _tile_loadd(1, xp + r0 * k + g * kGroup + hg * (kGroup / H), k);
+          _tile_loadd(2, b + g * 512 + hg * (8 / H) * 64, 64);
+          _tile_dpbsud(0, 1, 2);
+          _tile_stored(0, dots, 64);
+          ARGOSY_KQ_BARRIER();
+          const __m512 s = scales_16<Kind>(w.s, t, g * H + hg);
+          const int32_t* st = start + r0 * groups * H + g * H + hg;
+#pragma GCC unroll 16
+          for (int r = 0; r < 16; ++r) {
+            if (r >= nr) break;
+            const __m512i dot = _mm512_add_epi32(_mm512_load_si512(dots + 16 * r), _mm512_set1_epi32(st[r * groups * H]));
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s, _mm512_set1_ps(dx[r * groups])), _mm512_cvtepi32_ps(dot), acc[r]);
+          }
+        }
+        if constexpr (Mins) {
+          const __m512 m = scales_16<Kind>(w.m, t, g);
+          const float* ux = xr.ux.data() + r0 * groups + g;
+#pragma GCC unroll 16
+          for (int r = 0; r < 16; ++r) {
+            if (r >= nr) break;
+            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(ux[r * groups]), acc[r]);
+          }
+        }
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r)
+        if (r < nr) _mm512_store_ps(res + 16 * r, acc[r]);
+      for (int64_t r = 0; r < nr; ++r) out.put(r0 + r, t * kTile, res + 16 * r, kTile);
+    }
+  }
+  _tile_release();
+}
+
 // -- driving ----------------------------------------------------------------------------------
 
 template <int Bits, int H, bool Mins, int Kind>
@@ -317,6 +406,16 @@ void kq_run(const LinearCall& call, int64_t tiles, const PackedW& w) {
     int32_t sum = 0;
     for (int64_t b = 0; b < kGroup / H; ++b) sum += q[b];
     start[static_cast<size_t>(i)] = -w.bias * sum;
+  }
+  if (path == kAmx && rows >= kKqAmxMinRows) {
+    const int64_t padded_rows = (rows + 15) / 16 * 16;
+    std::vector<int8_t> xp(static_cast<size_t>(padded_rows * k), 0);
+    std::memcpy(xp.data(), xr.q.data(), xr.q.size());
+    const int64_t grain = std::max<int64_t>(1, tiles / (4 * at::get_num_threads()));
+    at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+      kq_amx<Bits, H, Mins, Kind>(xr, xp.data(), start.data(), rows, w, t0, t1, o);
+    });
+    return;
   }
   const int64_t tiles_per_block = (path >= kAvx512 && tiles % 2 == 0) ? 2 : 1;
   for_tile_blocks(tiles, tiles_per_block, [&](int64_t t0, int64_t t1) {
