@@ -374,7 +374,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--peers",
         default=",".join(ALL_SYSTEMS),
-        help=f"comma list from {ALL_SYSTEMS}, and argosy-draft, llama-server-draft (with --draft-model)",
+        help=f"comma list from {ALL_SYSTEMS}, and argosy-draft, argosy-draft-ngram, llama-server-draft (--draft-model)",
     )
     parser.add_argument("--skip-build", action="store_true", help="never build; peers not built are skipped")
     parser.add_argument(

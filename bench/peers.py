@@ -99,6 +99,10 @@ def _argosy_draft_command(ctx: LaunchContext) -> list[str]:
     return _argosy_command(["--draft-model", ctx.draft.source or ctx.draft.name])(ctx)
 
 
+def _argosy_draft_ngram_command(ctx: LaunchContext) -> list[str]:
+    return [*_argosy_draft_command(ctx), "--speculative", "ngram"]
+
+
 def _llama_server_draft_command(ctx: LaunchContext) -> list[str]:
     assert ctx.draft is not None, "--draft-model names the draft"
     return [*_llama_server_command(ctx), "-md", str(ctx.draft.gguf_path), "-td", str(ctx.threads)]
@@ -177,6 +181,16 @@ SERVERS: dict[str, ServerSpec] = {
         request_overrides=_ignore_eos,
         workloads=("single", "code", "grounded"),
         note="Argosy (default mode) with --draft-model (compare.py --draft-model); single-stream workloads only",
+    ),
+    "argosy-draft-ngram": ServerSpec(
+        name="argosy-draft-ngram",
+        label="Argosy, --draft-model + ngram",
+        build=None,
+        command=_argosy_draft_ngram_command,
+        request_model=lambda model: model.name,
+        request_overrides=_ignore_eos,
+        workloads=("single", "code", "grounded"),
+        note="Argosy with --draft-model and --speculative ngram chained (n-gram drafts first); single-stream only",
     ),
     "llama-server-draft": ServerSpec(
         name="llama-server-draft",
