@@ -400,10 +400,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         help="seconds one workload repetition may take (default 600, --quick 45)",
     )
-    parser.add_argument(
-        "--draft-model",
-        help="the draft model of argosy-draft and llama-server-draft (a registry name or .gguf)",
-    )
+    parser.add_argument("--draft-model", help="the *-draft systems' draft model (a registry name or .gguf)")
     parser.add_argument("--note", default="", help="free text for the table header")
     parser.add_argument("--out", type=Path, help="Markdown file (default bench/results/compare-<time>.md)")
     args = parser.parse_args(argv)
@@ -442,8 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model = str(peer_builds.requantize(source, args.requantize))
     model = peers.load_model_files(args.model)
     args.draft_files = peers.load_model_files(args.draft_model) if args.draft_model else None
-    drafting = [name for name in args.systems if name.endswith("-draft")]
-    if drafting and args.draft_files is None:
+    if args.draft_files is None and (drafting := [name for name in args.systems if "-draft" in name]):
         raise SystemExit(f"{', '.join(drafting)} need --draft-model")
     ceiling = bandwidth.measure(model.gguf_path, args.threads)  # before any server runs
     print(f"[bench] {ceiling.line()}", flush=True)

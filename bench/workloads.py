@@ -331,31 +331,27 @@ class WorkloadRunner:
     async def code(self, client: Client, repetition: int) -> dict[str, float]:
         """Single stream, writing code: what a draft model is for (a smaller coder predicts
         most of a larger one's tokens)."""
-        rng = self._rng("code", repetition)
-        messages = [{"role": "user", "content": rng.choice(CODE_TASKS)}]
-        result = _require_ok(await client.chat(messages, self.workloads.decode_tokens, repetition), "code")
-        assert result.ttft_s is not None and result.last_token_s is not None
-        span_s = result.last_token_s - result.ttft_s
-        figures: dict[str, float] = {}
-        if result.num_completion_tokens > 1 and span_s > 0:
-            figures["code_tok_s"] = (result.num_completion_tokens - 1) / span_s
-        if result.spec_proposed:
-            figures["code_accept_pct"] = 100.0 * result.spec_accepted / result.spec_proposed
-        return figures
+        task = self._rng("code", repetition).choice(CODE_TASKS)
+        return await self._drafted_stream(client, task, "code", repetition)
 
     async def grounded(self, client: Client, repetition: int) -> dict[str, float]:
         """Single stream, rewriting a given passage: what n-gram speculation is for."""
-        messages = [{"role": "user", "content": GROUNDED_PROMPT}]
-        result = _require_ok(
-            await client.chat(messages, self.workloads.decode_tokens, repetition), "grounded"
-        )
+        return await self._drafted_stream(client, GROUNDED_PROMPT, "grounded", repetition)
+
+    async def _drafted_stream(
+        self, client: Client, prompt: str, name: str, repetition: int
+    ) -> dict[str, float]:
+        """One stream's decode rate (`<name>_tok_s`) and, where the server drafts, the share of
+        its draft tokens accepted (`<name>_accept_pct`)."""
+        messages = [{"role": "user", "content": prompt}]
+        result = _require_ok(await client.chat(messages, self.workloads.decode_tokens, repetition), name)
         assert result.ttft_s is not None and result.last_token_s is not None
         span_s = result.last_token_s - result.ttft_s
         figures: dict[str, float] = {}
         if result.num_completion_tokens > 1 and span_s > 0:
-            figures["grounded_tok_s"] = (result.num_completion_tokens - 1) / span_s
+            figures[f"{name}_tok_s"] = (result.num_completion_tokens - 1) / span_s
         if result.spec_proposed:
-            figures["grounded_accept_pct"] = 100.0 * result.spec_accepted / result.spec_proposed
+            figures[f"{name}_accept_pct"] = 100.0 * result.spec_accepted / result.spec_proposed
         return figures
 
     async def prefill(self, client: Client, repetition: int) -> dict[str, float]:

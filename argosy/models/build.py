@@ -202,20 +202,20 @@ def served_by_codes(model: DecoderForCausalLM, source: ModelSource) -> set[str]:
     codes replaced it)."""
     if not invariant_qlinear(model.embed_tokens.weight.dtype):
         return set()
-    coded: list[set[str]] = []
+    coded: dict[str, set[str]] = {}  # file -> the weights it has codes of
     for name in (INT4_FILE, BLOCKS_FILE):
         path = Path(source.weights_dir) / name
         if path.exists():
             with safe_open(str(path), framework="pt") as f:
                 keys = list(f.keys())  # noqa: SIM118 - safe_open has keys(), no iteration
-            coded.append({key.removesuffix(".codes") for key in keys if key.endswith(".codes")})
+            coded[name] = {key.removesuffix(".codes") for key in keys if key.endswith(".codes")}
     served: set[str] = set()
     for i in range(model.config.num_layers):
         for parts in FUSED_PARTS.values():
             names = {f"model.layers.{i}.{p}.weight" for p in parts}
-            if any(names <= file_names for file_names in coded):
+            if any(names <= file_names for file_names in coded.values()):
                 served |= names
-    blocks: set[str] = coded[-1] if (Path(source.weights_dir) / BLOCKS_FILE).exists() else set()
+    blocks = coded.get(BLOCKS_FILE, set())  # the head's and the embedding's codes come from here
     tied = model.lm_head.weight is model.embed_tokens.weight
     vocab, hidden = model.embed_tokens.weight.shape
     if vocab % 16 == 0 and hidden % 32 == 0:

@@ -50,11 +50,6 @@ def vocabulary_difference(draft: ModelSource, target: ModelSource) -> str | None
     return None
 
 
-@dataclasses.dataclass
-class _DraftState:
-    seq: Sequence  # the draft engine's copy of a request: its tokens and its KV blocks
-
-
 class DraftModelProposer:
     def __init__(
         self, config: EngineConfig, target: ModelSource, max_model_len: int, source: ModelSource | None = None
@@ -81,7 +76,7 @@ class DraftModelProposer:
         self.engine: LLMEngine = LLMEngine(draft_config, source)
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
-        self.states: dict[str, _DraftState] = {}
+        self.states: dict[str, Sequence] = {}  # request id -> the draft engine's copy: tokens, KV blocks
         self._ids = 0
         self.name = source.name
 
@@ -93,11 +88,8 @@ class DraftModelProposer:
         limit = min(limit, draft_room(seq, self.k, self.max_model_len))
         if limit <= 0 or not can_speculate(seq):
             return []
-        state = self._state_for(seq)
-        if state is None:
-            return []
         tokens = seq.all_token_ids()
-        draft = state.seq
+        draft = self._draft_for(seq)
         known = draft.all_token_ids()
         common = 0
         bound = min(draft.num_computed_tokens, len(tokens))
@@ -132,27 +124,25 @@ class DraftModelProposer:
                 sampled = result.sampled.get(draft.request_id)
                 return None if sampled is None else sampled[0]
 
-    def _state_for(self, seq: Sequence) -> _DraftState | None:
-        state = self.states.get(seq.request_id)
-        if state is not None:
-            return state
-        self._ids += 1
-        params = SamplingParams(temperature=0.0, max_tokens=None)
-        draft = Sequence(f"draft-{self._ids}", [], params)
-        state = _DraftState(draft)
-        # room for this request's context, the least recently begun drafts giving theirs back
-        needed = self.engine.block_manager.num_blocks_for(min(self.max_model_len, seq.num_tokens + 256))
-        while self.engine.block_manager.num_free_blocks < needed and self.states:
-            self.release(next(iter(self.states)))
-        self.states[seq.request_id] = state
-        return state
+    def _draft_for(self, seq: Sequence) -> Sequence:
+        """The draft engine's copy of `seq`, made on its first draft: room for its context, the
+        least recently begun drafts giving theirs back."""
+        draft = self.states.get(seq.request_id)
+        if draft is None:
+            self._ids += 1
+            draft = Sequence(f"draft-{self._ids}", [], SamplingParams(temperature=0.0, max_tokens=None))
+            needed = self.engine.block_manager.num_blocks_for(min(self.max_model_len, seq.num_tokens + 256))
+            while self.engine.block_manager.num_free_blocks < needed and self.states:
+                self.release(next(iter(self.states)))
+            self.states[seq.request_id] = draft
+        return draft
 
     def release(self, request_id: str) -> None:
         """The request left the target engine: its draft's KV blocks go back."""
-        state = self.states.pop(request_id, None)
-        if state is not None:
-            self.engine.block_manager.free(state.seq)
-            self.engine.runner.release(state.seq.request_id)
+        draft = self.states.pop(request_id, None)
+        if draft is not None:
+            self.engine.block_manager.free(draft)
+            self.engine.runner.release(draft.request_id)
 
 
 class ChainProposer:

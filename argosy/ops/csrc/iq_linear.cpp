@@ -470,18 +470,8 @@ ARGOSY_AVX512 void q8_avx512_block(const int8_t* xq, int64_t k, const float* dx,
 // 16 rows' accumulators in registers across the groups. A tile's codes are unpacked once for all
 // row blocks.
 
-#define ARGOSY_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-#define ARGOSY_MEMORY_BARRIER() asm volatile("" : : : "memory")
 
 constexpr int64_t kAmxMinRows = 8;
-
-struct alignas(64) AmxConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 ARGOSY_AMX inline void amx_configure() {
   AmxConfig cfg;

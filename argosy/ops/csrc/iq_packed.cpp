@@ -307,24 +307,12 @@ ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, int64_t k, const float* 
 // one tile dot product (x signed, u unsigned: the integer u . xq), plus the same start, then the
 // same fp32 steps as the paths above: the same bits.
 
-#define ARGOSY_KQ_AMX \
-  __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-#define ARGOSY_KQ_BARRIER() asm volatile("" : : : "memory")
-
 constexpr int64_t kKqAmxMinRows = 16;  // at 8 rows the VNNI path is faster (Q4_K 0.59 vs 0.71 ms)
-
-struct alignas(64) KqAmxConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // C: 16 rows x 16 int32; A: 16 rows x one weight group of x (32 / H bytes); B: its 8 / H lines
 template <int H>
-ARGOSY_KQ_AMX inline void kq_amx_configure() {
-  KqAmxConfig cfg;
+ARGOSY_AMX inline void kq_amx_configure() {
+  AmxConfig cfg;
   cfg.rows[0] = 16, cfg.colsb[0] = 64;
   cfg.rows[1] = 16, cfg.colsb[1] = 32 / H;
   cfg.rows[2] = 8 / H, cfg.colsb[2] = 64;
@@ -334,7 +322,7 @@ ARGOSY_KQ_AMX inline void kq_amx_configure() {
 
 // tiles [t0, t1) x every row; xp: x's codes padded to a multiple of 16 rows
 template <int Bits, int H, bool Mins, int Kind>
-ARGOSY_KQ_AMX void kq_amx(const QuantizedRows& xr, const int8_t* xp, const int32_t* start, int64_t rows,
+ARGOSY_AMX void kq_amx(const QuantizedRows& xr, const int8_t* xp, const int32_t* start, int64_t rows,
                           const PackedW& w, int64_t t0, int64_t t1, const Output& out) {
   const int64_t groups = w.groups, k = groups * kGroup;
   std::vector<uint8_t> storage(static_cast<size_t>(groups * 512 + 64));
@@ -345,7 +333,7 @@ ARGOSY_KQ_AMX void kq_amx(const QuantizedRows& xr, const int8_t* xp, const int32
   for (int64_t t = t0; t < t1; ++t) {
     for (int64_t g = 0; g < groups; ++g)
       for (int e = 0; e < 8; ++e) _mm512_store_si512(b + g * 512 + e * 64, codes_512<Bits>(w, t, g, e));
-    ARGOSY_KQ_BARRIER();
+    ARGOSY_MEMORY_BARRIER();
     for (int64_t r0 = 0; r0 < rows; r0 += 16) {
       const int64_t nr = std::min<int64_t>(16, rows - r0);
       __m512 acc[16];
@@ -359,7 +347,7 @@ ARGOSY_KQ_AMX void kq_amx(const QuantizedRows& xr, const int8_t* xp, const int32
           _tile_loadd(2, b + g * 512 + hg * (8 / H) * 64, 64);
           _tile_dpbsud(0, 1, 2);
           _tile_stored(0, dots, 64);
-          ARGOSY_KQ_BARRIER();
+          ARGOSY_MEMORY_BARRIER();
           const __m512 s = scales_16<Kind>(w.s, t, g * H + hg);
           const int32_t* st = start + r0 * groups * H + g * H + hg;
 #pragma GCC unroll 16

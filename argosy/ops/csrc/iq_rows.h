@@ -196,5 +196,18 @@ struct LinearCall {
   }
 };
 
+// AMX-INT8 (both kernel files): the target, a compiler barrier around tile stores, and the
+// tile configuration ldtilecfg reads (palette 1)
+#define ARGOSY_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define ARGOSY_MEMORY_BARRIER() asm volatile("" : : : "memory")
+
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
 }  // namespace
 }  // namespace argosy_iq
