@@ -177,7 +177,7 @@ def _register_invariant_fakes() -> None:
         return torch.float32 if out_float32 else x.dtype
 
     @torch.library.register_fake("argosy_iq::q4_linear")
-    def _(x, codes, scales, mins, out_features, out_float32):  # type: ignore[no-untyped-def]
+    def _(x, codes, scales, mins, out_features, out_float32, fine=False):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
 
     @torch.library.register_fake("argosy_iq::attention")
@@ -197,11 +197,11 @@ def _register_invariant_fakes() -> None:
         return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
 
     @torch.library.register_fake("argosy_iq::q8_linear")
-    def _(x, codes, scales, mins, out_features, out_float32, code_lo, code_hi):  # type: ignore[no-untyped-def]
+    def _(x, codes, scales, mins, out_features, out_float32, code_lo, code_hi, fine=False):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
 
     @torch.library.register_fake("argosy_iq::kq_linear")
-    def _(x, nib, high, scales, scale_d, mins, min_d, bits, bias, out_features, out_float32):  # type: ignore[no-untyped-def]
+    def _(x, nib, high, scales, scale_d, mins, min_d, bits, bias, out_features, out_float32, fine=False):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
 
 

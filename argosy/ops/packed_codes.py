@@ -195,7 +195,9 @@ class PackedCodes:
             per_tile(s.dmin.half()) if with_mins and s.dmin is not None else None,
         )
 
-    def linear(self, x: torch.Tensor, out_features: int, out_float32: bool) -> torch.Tensor:
+    def linear(
+        self, x: torch.Tensor, out_features: int, out_float32: bool, fine: bool = False
+    ) -> torch.Tensor:
         out: torch.Tensor = torch.ops.argosy_iq.kq_linear(
             x,
             self.nib,
@@ -208,6 +210,7 @@ class PackedCodes:
             self.form.bias,
             out_features,
             out_float32,
+            fine,
         )
         return out
 

@@ -206,11 +206,13 @@ class Int4Linear(nn.Module):
         invariant: bool = False,
     ) -> None:
         """codes: uint8 [N, K/2] (even column in the low nibble); d, m: float32 [N, K/32].
-        `invariant`: the invariant kernels for every row count, where they build."""
+        `invariant`: the invariant kernels for every row count, where they build. `fine` (set
+        after building, as on Int8Linear): x in the kernels' fine form."""
         super().__init__()
         n, half_k = codes.shape
         self.in_features, self.out_features = 2 * half_k, n
         self.invariant = invariant and invariant_qlinear(dtype) and _native_shape_ok(n, 2 * half_k)
+        self.fine = False
         self.native = not self.invariant and native_qlinear(dtype) and _native_shape_ok(n, 2 * half_k)
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
         if self.invariant:  # the one form, for every number of rows
@@ -234,7 +236,13 @@ class Int4Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if self.invariant:
             out = torch.ops.argosy_iq.q4_linear(
-                x2.contiguous(), self.iq_codes, self.iq_scales, self.iq_mins, self.out_features, False
+                x2.contiguous(),
+                self.iq_codes,
+                self.iq_scales,
+                self.iq_mins,
+                self.out_features,
+                False,
+                self.fine,
             )
         elif self.native and x2.shape[0] > 1:
             out = torch.ops.argosy_ext.q4_linear(
@@ -261,11 +269,14 @@ class Int8Linear(nn.Module):
         float_output: bool = False,
         weight_rows: Callable[[int, int], torch.Tensor] | None = None,
         blocks: BlockCodes | None = None,
+        fine: bool = False,
     ) -> None:
         """`invariant`: the invariant kernels for every row count, where they build, with
         Q8_0-style scales per group of 32 (`q8_group_codes`; else int8 per output channel);
         `float_output`: then the result in float32 whatever `dtype` (an output head: logits
-        kept in fp32 through log-softmax); `weight_rows(start, stop)`: the weight's rows as
+        kept in fp32 through log-softmax); `fine`: the invariant kernels take x in their fine
+        form (15-bit codes, 1/128 of the 8-bit form's rounding error: csrc/iq_rows.h), for the
+        layer whose rounding costs the most accuracy (the output head); `weight_rows(start, stop)`: the weight's rows as
         the file holds them (float32 from a GGUF: its own Q8_0 codes come back exactly), where
         `weight` may have been rounded to `dtype`; `blocks`: the weight's own codes (a GGUF
         block format), for the invariant kernels only (then `weight` may be None)."""
@@ -282,6 +293,7 @@ class Int8Linear(nn.Module):
             invariant and invariant_qlinear(dtype) and _native_shape_ok(self.out_features, self.in_features)
         )
         self.float_output = float_output and self.invariant
+        self.fine = fine and self.invariant
         self.own_codes = blocks is not None  # a file's own codes, not a quantization of ours
         self.packed: PackedForm | None = None  # the codes held at their bits (kq_* buffers)
         if self.invariant:  # the one form, for every number of rows
@@ -339,6 +351,7 @@ class Int8Linear(nn.Module):
                 self.packed.bias,
                 self.out_features,
                 self.float_output,
+                self.fine,
             )
         elif self.invariant:
             out = torch.ops.argosy_iq.q8_linear(
@@ -350,6 +363,7 @@ class Int8Linear(nn.Module):
                 self.float_output,
                 self.code_lo,
                 self.code_hi,
+                self.fine,
             )
         elif self.native and x2.shape[0] > 1:
             out = torch.ops.argosy_ext.q8_linear(

@@ -36,6 +36,12 @@
 //      weighs the error by the weights' distance from the block's middle, not from 0: a block
 //      with one outlier has most of its weights far from its middle, and bench/quality.py's KL
 //      to the fp32 reference was 12% higher.)
+// The fine form (the `fine` argument of q4_linear, q8_linear and kq_linear; iq_rows.h): step 1
+// quantizes x to a 15-bit code c = round-half-even(x * (127 / a) * 128), dx = a / 127 / 128, sq
+// and ux c's; step 2's dot is c . q, computed from c's two bytes (c = 128 hi + lo) as
+// 128 * (hi . q) + (lo . q) in int32; step 3 is unchanged. x's rounding error is 1/128 of the
+// 8-bit form's, for twice the integer products: the output head and q/k/v take it
+// (models/quantize.py FINE_LAYERS).
 // Nothing is summed across threads or across k blocks in a different order: threads split the
 // outputs (tiles of 16), never k; rows are blocked for speed, but each output element is the
 // same chain of operations for any number of rows. So a token's logits are bit-identical
@@ -86,7 +92,7 @@ void q4_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const uint
   float acc[kTile];
   for (int64_t t = t0; t < t1; ++t) {
     for (int64_t r = 0; r < rows; ++r) {
-      const int8_t* xq = xr.q.data() + r * k;
+      const int64_t row = r * k;
       std::fill(acc, acc + kTile, 0.0f);
       for (int64_t g = 0; g < groups; ++g) {
         const uint8_t* block = codes + (t * groups + g) * 256;
@@ -95,8 +101,8 @@ void q4_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const uint
           for (int64_t c = 0; c < 4; ++c)
             for (int64_t b = 0; b < 4; ++b) {
               const uint8_t byte = block[c * 64 + i * 4 + b];
-              dot += static_cast<int32_t>(byte & 0x0f) * xq[g * kGroup + 8 * c + b];
-              dot += static_cast<int32_t>(byte >> 4) * xq[g * kGroup + 8 * c + 4 + b];
+              dot += static_cast<int32_t>(byte & 0x0f) * xr.code(row + g * kGroup + 8 * c + b);
+              dot += static_cast<int32_t>(byte >> 4) * xr.code(row + g * kGroup + 8 * c + 4 + b);
             }
           const float d = half_to_float(scales[(t * groups + g) * kTile + i]);
           const float m = half_to_float(mins[(t * groups + g) * kTile + i]);
@@ -141,7 +147,6 @@ void q8_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const Q8We
   float acc[kTile];
   for (int64_t t = t0; t < t1; ++t) {
     for (int64_t r = 0; r < rows; ++r) {
-      const int8_t* xq = xr.q.data() + r * k;
       std::fill(acc, acc + kTile, 0.0f);
       for (int64_t g = 0; g < groups; ++g) {
         for (int64_t i = 0; i < kTile; ++i) {
@@ -149,7 +154,7 @@ void q8_scalar(const QuantizedRows& xr, int64_t rows, int64_t groups, const Q8We
             int32_t dot = 0;
             for (int64_t j = 8 * g + quads * h; j < 8 * g + quads * (h + 1); ++j)
               for (int64_t b = 0; b < 4; ++b)
-                dot += static_cast<int32_t>(w.codes[((t * (k / 4) + j) * kTile + i) * 4 + b]) * xq[4 * j + b];
+                dot += static_cast<int32_t>(w.codes[((t * (k / 4) + j) * kTile + i) * 4 + b]) * xr.code(r * k + 4 * j + b);
             const int64_t wg = (t * groups * w.h + g * w.h + h) * kTile + i;
             acc[i] = std::fma(scale_value(w.scales[wg]) * xr.dx[r * groups + g], static_cast<float>(dot), acc[i]);
           }
@@ -170,10 +175,22 @@ ARGOSY_AVX2 inline __m256i avx2_dot4(__m256i u8, __m256i s8) {  // per lane: 4 u
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1));
 }
 
-template <int R>
-ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, const float* ux, const int32_t* sq,
-                              int64_t groups,
-                              const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, float* res) {
+// the fine form's dot: 128 * (codes . hi) + (codes . lo)
+ARGOSY_AVX2 inline __m256i fine_dot_256(__m256i hi, __m256i lo) {
+  return _mm256_add_epi32(_mm256_slli_epi32(hi, kFineShift), lo);
+}
+
+ARGOSY_AVX2 inline __m256i broadcast4_256(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// xlo: the fine form's lo bytes (Fine), laid out as xq
+template <int R, bool Fine>
+ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, const int8_t* xlo, int64_t k, const float* dx, const float* ux,
+                              const int32_t* sq, int64_t groups, const uint8_t* codes, const uint16_t* scales,
+                              const uint16_t* mins, float* res) {
   // res: R rows x 16 outputs. A group's 8 byte products per lane pair (codes 0..15, |x| <= 127:
   // each pair sum within 2 * 15 * 127) are summed in int16 (8 of them: <= 30480 < 2^15), then
   // widened once: the same integer dot as one widening per product
@@ -183,16 +200,13 @@ ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = codes + g * 256;
-    __m256i sum16[R][2];
-    for (int r = 0; r < R; ++r) sum16[r][0] = sum16[r][1] = _mm256_setzero_si256();
+    __m256i sum16[R][2], sum16_lo[R][2];  // (the fine form's lo: |lo| <= 64, within the same bound)
+    for (int r = 0; r < R; ++r) sum16[r][0] = sum16[r][1] = sum16_lo[r][0] = sum16_lo[r][1] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       __m256i xl[R], xh[R];
       for (int r = 0; r < R; ++r) {
-        int32_t a, b;
-        std::memcpy(&a, xq + r * k + g * kGroup + 8 * c, 4);
-        std::memcpy(&b, xq + r * k + g * kGroup + 8 * c + 4, 4);
-        xl[r] = _mm256_set1_epi32(a);
-        xh[r] = _mm256_set1_epi32(b);
+        xl[r] = broadcast4_256(xq + r * k + g * kGroup + 8 * c);
+        xh[r] = broadcast4_256(xq + r * k + g * kGroup + 8 * c + 4);
       }
       for (int h = 0; h < 2; ++h) {
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + c * 64 + h * 32));
@@ -201,6 +215,11 @@ ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
         for (int r = 0; r < R; ++r) {
           sum16[r][h] = _mm256_add_epi16(sum16[r][h], _mm256_maddubs_epi16(lo, xl[r]));
           sum16[r][h] = _mm256_add_epi16(sum16[r][h], _mm256_maddubs_epi16(hi, xh[r]));
+          if constexpr (Fine) {
+            const int8_t* p = xlo + r * k + g * kGroup + 8 * c;
+            sum16_lo[r][h] = _mm256_add_epi16(sum16_lo[r][h], _mm256_maddubs_epi16(lo, broadcast4_256(p)));
+            sum16_lo[r][h] = _mm256_add_epi16(sum16_lo[r][h], _mm256_maddubs_epi16(hi, broadcast4_256(p + 4)));
+          }
         }
       }
     }
@@ -209,7 +228,8 @@ ARGOSY_AVX2 void q4_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
       const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + g * kTile + 8 * h)));
       const __m256 c = _mm256_fmadd_ps(_mm256_set1_ps(8.0f), d, m);
       for (int r = 0; r < R; ++r) {
-        const __m256i dot = _mm256_madd_epi16(sum16[r][h], ones);
+        __m256i dot = _mm256_madd_epi16(sum16[r][h], ones);
+        if constexpr (Fine) dot = fine_dot_256(dot, _mm256_madd_epi16(sum16_lo[r][h], ones));
         const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
         const __m256i centred = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * sq[r * groups + g]));
         acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(centred), acc[r][h]);
@@ -250,27 +270,33 @@ ARGOSY_AVX2 inline void avx2_add_mins(__m256 (&acc)[R][2], const S* mins, const 
   }
 }
 
-template <int R, int H, bool Mins, typename S>
-ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, const float* ux, int64_t groups,
-                              const int8_t* codes, const S* scales, const S* mins, float* res) {
+// xlo: the fine form's lo bytes (Fine), the same layout as xq
+template <int R, int H, bool Mins, typename S, bool Fine>
+ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, const int8_t* xlo, int64_t k, const float* dx, const float* ux,
+                              int64_t groups, const int8_t* codes, const S* scales, const S* mins, float* res) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     for (int hg = 0; hg < H; ++hg) {
-      __m256i dot[R][2];
-      for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+      __m256i dot[R][2], dot_lo[R][2];
+      for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = dot_lo[r][0] = dot_lo[r][1] = _mm256_setzero_si256();
       for (int64_t j = 8 * g + (8 / H) * hg; j < 8 * g + (8 / H) * (hg + 1); ++j) {
         for (int h = 0; h < 2; ++h) {
           const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64 + h * 32));
           for (int r = 0; r < R; ++r) {
-            int32_t xv;
-            std::memcpy(&xv, xq + r * k + 4 * j, 4);
-            const __m256i xs = _mm256_set1_epi32(xv);
+            const __m256i xs = broadcast4_256(xq + r * k + 4 * j);
             // |x| unsigned, x's sign moved onto w: products and pair sums stay within int16
             dot[r][h] = _mm256_add_epi32(dot[r][h], avx2_dot4(_mm256_abs_epi8(xs), _mm256_sign_epi8(w, xs)));
+            if constexpr (Fine) {
+              const __m256i xl = broadcast4_256(xlo + r * k + 4 * j);
+              dot_lo[r][h] = _mm256_add_epi32(dot_lo[r][h], avx2_dot4(_mm256_abs_epi8(xl), _mm256_sign_epi8(w, xl)));
+            }
           }
         }
       }
+      if constexpr (Fine)
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) dot[r][h] = fine_dot_256(dot[r][h], dot_lo[r][h]);
       avx2_add_dots<R>(acc, dot, scales + (g * H + hg) * kTile, dx, groups, g);
     }
     if constexpr (Mins) avx2_add_mins<R>(acc, mins + g * kTile, ux, groups, g);
@@ -284,10 +310,10 @@ ARGOSY_AVX2 void q8_avx2_rows(const int8_t* xq, int64_t k, const float* dx, cons
 // u * x within 2 * span * 127, so N pairs (N * span <= 129) sum in int16 below 2^15 and are
 // widened once, without moving x's sign onto every code. start (per row and weight group,
 // -B times the sum of xq over it) takes the bias back out: the same integer dot as above.
-template <int R, int H, bool Mins, typename S, int N>
-ARGOSY_AVX2 void q8_avx2_biased_rows(const int8_t* xq, int64_t k, const float* dx, const float* ux,
-                                     const int32_t* start, int64_t groups, const int8_t* codes, const S* scales,
-                                     const S* mins, float* res, int8_t bias) {
+template <int R, int H, bool Mins, typename S, int N, bool Fine>
+ARGOSY_AVX2 void q8_avx2_biased_rows(const int8_t* xq, const int8_t* xlo, int64_t k, const float* dx,
+                                     const float* ux, const int32_t* start, int64_t groups, const int8_t* codes,
+                                     const S* scales, const S* mins, float* res, int8_t bias) {
   constexpr int J = 8 / H;  // 4-byte steps of k to a weight group
   static_assert(J % N == 0, "the int16 sums cover whole weight groups");
   __m256 acc[R][2];
@@ -296,29 +322,40 @@ ARGOSY_AVX2 void q8_avx2_biased_rows(const int8_t* xq, int64_t k, const float* d
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < groups; ++g) {
     for (int hg = 0; hg < H; ++hg) {
-      __m256i dot[R][2];
-      for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_set1_epi32(start[(r * groups + g) * H + hg]);
+      // the start goes into the last sum (the fine form's lo): 128 hi + lo + start
+      __m256i dot[R][2], dot_lo[R][2];
+      for (int r = 0; r < R; ++r) {
+        const __m256i s0 = _mm256_set1_epi32(start[(r * groups + g) * H + hg]);
+        dot[r][0] = dot[r][1] = Fine ? _mm256_setzero_si256() : s0;
+        dot_lo[r][0] = dot_lo[r][1] = s0;
+      }
       const int64_t j0 = 8 * g + J * hg;
       for (int jb = 0; jb < J; jb += N) {
-        __m256i sum16[R][2];
-        for (int r = 0; r < R; ++r) sum16[r][0] = sum16[r][1] = _mm256_setzero_si256();
+        __m256i sum16[R][2], sum16_lo[R][2];
+        for (int r = 0; r < R; ++r)
+          sum16[r][0] = sum16[r][1] = sum16_lo[r][0] = sum16_lo[r][1] = _mm256_setzero_si256();
         for (int jj = 0; jj < N; ++jj) {
           const int64_t j = j0 + jb + jj;
-          __m256i xs[R];
-          for (int r = 0; r < R; ++r) {
-            int32_t xv;
-            std::memcpy(&xv, xq + r * k + 4 * j, 4);
-            xs[r] = _mm256_set1_epi32(xv);
-          }
           for (int h = 0; h < 2; ++h) {
             const __m256i w =
                 _mm256_add_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * 64 + h * 32)), biasv);
-            for (int r = 0; r < R; ++r) sum16[r][h] = _mm256_add_epi16(sum16[r][h], _mm256_maddubs_epi16(w, xs[r]));
+            for (int r = 0; r < R; ++r) {
+              sum16[r][h] = _mm256_add_epi16(sum16[r][h], _mm256_maddubs_epi16(w, broadcast4_256(xq + r * k + 4 * j)));
+              if constexpr (Fine)
+                sum16_lo[r][h] =
+                    _mm256_add_epi16(sum16_lo[r][h], _mm256_maddubs_epi16(w, broadcast4_256(xlo + r * k + 4 * j)));
+            }
           }
         }
         for (int r = 0; r < R; ++r)
-          for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(sum16[r][h], ones));
+          for (int h = 0; h < 2; ++h) {
+            dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(sum16[r][h], ones));
+            if constexpr (Fine) dot_lo[r][h] = _mm256_add_epi32(dot_lo[r][h], _mm256_madd_epi16(sum16_lo[r][h], ones));
+          }
       }
+      if constexpr (Fine)
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) dot[r][h] = fine_dot_256(dot[r][h], dot_lo[r][h]);
       avx2_add_dots<R>(acc, dot, scales + (g * H + hg) * kTile, dx, groups, g);
     }
     if constexpr (Mins) avx2_add_mins<R>(acc, mins + g * kTile, ux, groups, g);
@@ -329,54 +366,70 @@ ARGOSY_AVX2 void q8_avx2_biased_rows(const int8_t* xq, int64_t k, const float* d
 
 // the AVX2 rows of one weight form: the biased int16 sums where the codes' range allows (n: the
 // 4-byte steps an int16 sum may hold, 0 for none), else x's sign moved onto the codes
-template <int R, int H, bool Mins, typename S>
-ARGOSY_AVX2 void q8_avx2_any(int n, int8_t bias, const int8_t* xq, int64_t k, const float* dx, const float* ux,
-                             const int32_t* start, int64_t groups, const int8_t* codes, const S* scales,
-                             const S* mins, float* res) {
+template <int R, int H, bool Mins, typename S, bool Fine>
+ARGOSY_AVX2 void q8_avx2_any(int n, int8_t bias, const int8_t* xq, const int8_t* xlo, int64_t k, const float* dx,
+                             const float* ux, const int32_t* start, int64_t groups, const int8_t* codes,
+                             const S* scales, const S* mins, float* res) {
   if constexpr (R == 4) {  // two rows at a time: their int16 and int32 sums stay in registers
-    q8_avx2_any<2, H, Mins, S>(n, bias, xq, k, dx, ux, start, groups, codes, scales, mins, res);
-    q8_avx2_any<2, H, Mins, S>(n, bias, xq + 2 * k, k, dx + 2 * groups, ux + 2 * groups,
-                               start == nullptr ? nullptr : start + 2 * groups * H, groups, codes, scales, mins,
-                               res + 2 * kTile);
+    q8_avx2_any<2, H, Mins, S, Fine>(n, bias, xq, xlo, k, dx, ux, start, groups, codes, scales, mins, res);
+    q8_avx2_any<2, H, Mins, S, Fine>(n, bias, xq + 2 * k, Fine ? xlo + 2 * k : nullptr, k, dx + 2 * groups,
+                                     ux + 2 * groups, start == nullptr ? nullptr : start + 2 * groups * H, groups,
+                                     codes, scales, mins, res + 2 * kTile);
     return;
   }
   if constexpr (H == 1) {
-    if (n >= 8) return q8_avx2_biased_rows<R, H, Mins, S, 8>(xq, k, dx, ux, start, groups, codes, scales, mins, res, bias);
+    if (n >= 8)
+      return q8_avx2_biased_rows<R, H, Mins, S, 8, Fine>(xq, xlo, k, dx, ux, start, groups, codes, scales, mins, res,
+                                                          bias);
   }
-  if (n >= 4) return q8_avx2_biased_rows<R, H, Mins, S, 4>(xq, k, dx, ux, start, groups, codes, scales, mins, res, bias);
-  if (n >= 2) return q8_avx2_biased_rows<R, H, Mins, S, 2>(xq, k, dx, ux, start, groups, codes, scales, mins, res, bias);
-  q8_avx2_rows<R, H, Mins, S>(xq, k, dx, ux, groups, codes, scales, mins, res);
+  if (n >= 4)
+    return q8_avx2_biased_rows<R, H, Mins, S, 4, Fine>(xq, xlo, k, dx, ux, start, groups, codes, scales, mins, res,
+                                                        bias);
+  if (n >= 2)
+    return q8_avx2_biased_rows<R, H, Mins, S, 2, Fine>(xq, xlo, k, dx, ux, start, groups, codes, scales, mins, res,
+                                                        bias);
+  q8_avx2_rows<R, H, Mins, S, Fine>(xq, xlo, k, dx, ux, groups, codes, scales, mins, res);
 }
 
 // -- AVX-512 VNNI: 16 outputs a vector ---------------------------------------------------------
 
 #define ARGOSY_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
+ARGOSY_AVX512 inline __m512i fine_dot_512(__m512i hi, __m512i lo) {  // 128 * (codes . hi) + (codes . lo)
+  return _mm512_add_epi32(_mm512_slli_epi32(hi, kFineShift), lo);
+}
+
+ARGOSY_AVX512 inline __m512i broadcast4_512(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
 // R rows x T tiles at once (T tiles are consecutive in the layout)
-template <int R, int T>
-ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, int64_t k, const float* dx, const float* ux, const int32_t* sq,
-                                   int64_t groups,
-                                   const uint8_t* codes, const uint16_t* scales, const uint16_t* mins,
-                                   float* res) {  // res: R rows x T*16 outputs
+template <int R, int T, bool Fine>
+ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, const int8_t* xlo, int64_t k, const float* dx, const float* ux,
+                                   const int32_t* sq, int64_t groups, const uint8_t* codes, const uint16_t* scales,
+                                   const uint16_t* mins, float* res) {  // res: R rows x T*16 outputs
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0f);
   const int64_t tile_bytes = groups * 256, tile_scales = groups * kTile;
   for (int64_t g = 0; g < groups; ++g) {
-    __m512i dot[R][T];  // each starts from -8 sq: the sum is then xq . (q - 8), exactly
+    // each starts from -8 sq: the sum is then xq . (q - 8), exactly (the fine form: 128 hi + lo)
+    __m512i dot[R][T], dot_lo[R][T];
     for (int r = 0; r < R; ++r) {
       const __m512i start = _mm512_set1_epi32(-8 * sq[r * groups + g]);
-      for (int t = 0; t < T; ++t) dot[r][t] = start;
+      for (int t = 0; t < T; ++t) {
+        dot[r][t] = Fine ? _mm512_setzero_si512() : start;
+        dot_lo[r][t] = start;
+      }
     }
     for (int c = 0; c < 4; ++c) {
       __m512i xl[R], xh[R];
       for (int r = 0; r < R; ++r) {
-        int32_t a, b;
-        std::memcpy(&a, xq + r * k + g * kGroup + 8 * c, 4);
-        std::memcpy(&b, xq + r * k + g * kGroup + 8 * c + 4, 4);
-        xl[r] = _mm512_set1_epi32(a);
-        xh[r] = _mm512_set1_epi32(b);
+        xl[r] = broadcast4_512(xq + r * k + g * kGroup + 8 * c);
+        xh[r] = broadcast4_512(xq + r * k + g * kGroup + 8 * c + 4);
       }
       for (int t = 0; t < T; ++t) {
         const __m512i w = _mm512_loadu_si512(codes + t * tile_bytes + g * 256 + c * 64);
@@ -385,9 +438,17 @@ ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, int64_t k, const float* dx,
         for (int r = 0; r < R; ++r) {
           dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], lo, xl[r]);
           dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], hi, xh[r]);
+          if constexpr (Fine) {
+            const int8_t* p = xlo + r * k + g * kGroup + 8 * c;
+            dot_lo[r][t] = _mm512_dpbusd_epi32(dot_lo[r][t], lo, broadcast4_512(p));
+            dot_lo[r][t] = _mm512_dpbusd_epi32(dot_lo[r][t], hi, broadcast4_512(p + 4));
+          }
         }
       }
     }
+    if constexpr (Fine)
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t) dot[r][t] = fine_dot_512(dot[r][t], dot_lo[r][t]);
     for (int t = 0; t < T; ++t) {
       const __m512 d =
           _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + t * tile_scales + g * kTile)));
@@ -411,8 +472,8 @@ ARGOSY_AVX512 inline __m512 load16_scales(const uint16_t* p) {  // exact
 }
 
 // R rows x T tiles; start: per row and weight group, -128 times the sum of xq over the group
-template <int R, int T, int H, bool Mins, typename S>
-ARGOSY_AVX512 void q8_avx512_block(const int8_t* xq, int64_t k, const float* dx, const float* ux,
+template <int R, int T, int H, bool Mins, typename S, bool Fine>
+ARGOSY_AVX512 void q8_avx512_block(const int8_t* xq, const int8_t* xlo, int64_t k, const float* dx, const float* ux,
                                    const int32_t* start, int64_t groups, const int8_t* codes, const S* scales,
                                    const S* mins, float* res, bool prefetch) {
   __m512 acc[R][T];
@@ -422,28 +483,33 @@ ARGOSY_AVX512 void q8_avx512_block(const int8_t* xq, int64_t k, const float* dx,
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t g = 0; g < groups; ++g) {
     for (int hg = 0; hg < H; ++hg) {
-      // (q + 128) . x - 128 * sum(x) = q . x, exactly
-      __m512i dot[R][T];
+      // (q + 128) . x - 128 * sum(x) = q . x, exactly (the fine form: the start in lo's sum)
+      __m512i dot[R][T], dot_lo[R][T];
       for (int r = 0; r < R; ++r) {
         const __m512i s0 = _mm512_set1_epi32(start[r * groups * H + g * H + hg]);
-        for (int t = 0; t < T; ++t) dot[r][t] = s0;
+        for (int t = 0; t < T; ++t) {
+          dot[r][t] = Fine ? _mm512_setzero_si512() : s0;
+          dot_lo[r][t] = s0;
+        }
       }
       for (int64_t j = 8 * g + (8 / H) * hg; j < 8 * g + (8 / H) * (hg + 1); ++j) {
         __m512i xs[R];
-        for (int r = 0; r < R; ++r) {
-          int32_t a;
-          std::memcpy(&a, xq + r * k + 4 * j, 4);
-          xs[r] = _mm512_set1_epi32(a);
-        }
+        for (int r = 0; r < R; ++r) xs[r] = broadcast4_512(xq + r * k + 4 * j);
         for (int t = 0; t < T; ++t) {
           const int8_t* line = codes + t * tile_bytes + j * 64;
           // the next tile block's same line (a thread's blocks are consecutive): its memory read
           // overlaps this block's arithmetic, which the hardware prefetcher alone does not keep up
           if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(line + T * tile_bytes), _MM_HINT_T1);
           const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(line), bias);
-          for (int r = 0; r < R; ++r) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], w, xs[r]);
+          for (int r = 0; r < R; ++r) {
+            dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], w, xs[r]);
+            if constexpr (Fine) dot_lo[r][t] = _mm512_dpbusd_epi32(dot_lo[r][t], w, broadcast4_512(xlo + r * k + 4 * j));
+          }
         }
       }
+      if constexpr (Fine)
+        for (int r = 0; r < R; ++r)
+          for (int t = 0; t < T; ++t) dot[r][t] = fine_dot_512(dot[r][t], dot_lo[r][t]);
       for (int t = 0; t < T; ++t) {
         const __m512 d = load16_scales(scales + t * tile_groups + (g * H + hg) * kTile);
         for (int r = 0; r < R; ++r) {
@@ -478,6 +544,8 @@ ARGOSY_AMX inline void amx_configure() {
   cfg.rows[0] = 16, cfg.colsb[0] = 64;  // C: 16 rows x 16 int32
   cfg.rows[1] = 16, cfg.colsb[1] = 32;  // A: 16 rows x one group of x (32 int8)
   cfg.rows[2] = 8, cfg.colsb[2] = 64;   // B: 8 quads of k x 16 outputs x 4 codes
+  cfg.rows[3] = 16, cfg.colsb[3] = 32;  // the fine form: A of its lo bytes, C of their sums
+  cfg.rows[4] = 16, cfg.colsb[4] = 64;
   asm volatile("" : : "r"(&cfg) : "memory");  // GCC does not see ldtilecfg read it
   _tile_loadconfig(&cfg);
 }
@@ -494,14 +562,17 @@ ARGOSY_AMX inline void amx_unpack_q4(const uint8_t* codes, int64_t groups, uint8
     }
 }
 
-// tiles [t0, t1) x every row; xp: x's codes padded to a multiple of 16 rows
-ARGOSY_AMX void q4_amx(const QuantizedRows& xr, const int8_t* xp, int64_t rows, int64_t groups,
+// tiles [t0, t1) x every row; xp: x's codes padded to a multiple of 16 rows (xlp: the fine
+// form's lo bytes so)
+template <bool Fine>
+ARGOSY_AMX void q4_amx(const QuantizedRows& xr, const int8_t* xp, const int8_t* xlp, int64_t rows, int64_t groups,
                        const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, int64_t t0, int64_t t1,
                        const Output& out) {
   const int64_t k = groups * kGroup;
   std::vector<uint8_t> storage(static_cast<size_t>(groups * 512 + 64));
   uint8_t* b = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
   alignas(64) int32_t dots[16 * 16];
+  alignas(64) int32_t dots_lo[16 * 16];
   alignas(64) float res[16 * 16];
   amx_configure();
   for (int64_t t = t0; t < t1; ++t) {
@@ -519,7 +590,13 @@ ARGOSY_AMX void q4_amx(const QuantizedRows& xr, const int8_t* xp, int64_t rows, 
         _tile_loadd(1, xp + r0 * k + g * kGroup, k);
         _tile_loadd(2, b + g * 512, 64);
         _tile_dpbsud(0, 1, 2);
+        if constexpr (Fine) {  // both products issued before either is stored
+          _tile_zero(4);
+          _tile_loadd(3, xlp + r0 * k + g * kGroup, k);
+          _tile_dpbsud(4, 3, 2);
+        }
         _tile_stored(0, dots, 64);
+        if constexpr (Fine) _tile_stored(4, dots_lo, 64);
         ARGOSY_MEMORY_BARRIER();
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + g * kTile)));
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mn + g * kTile)));
@@ -531,7 +608,9 @@ ARGOSY_AMX void q4_amx(const QuantizedRows& xr, const int8_t* xp, int64_t rows, 
         for (int r = 0; r < 16; ++r) {
           if (r >= nr) break;
           const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(dx[r * groups]));
-          const __m512i centred = _mm512_sub_epi32(_mm512_load_si512(dots + 16 * r), _mm512_set1_epi32(8 * sq[r * groups]));
+          __m512i dot = _mm512_load_si512(dots + 16 * r);
+          if constexpr (Fine) dot = fine_dot_512(dot, _mm512_load_si512(dots_lo + 16 * r));
+          const __m512i centred = _mm512_sub_epi32(dot, _mm512_set1_epi32(8 * sq[r * groups]));
           acc[r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(centred), acc[r]);
           acc[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(ux[r * groups]), acc[r]);
         }
@@ -545,8 +624,12 @@ ARGOSY_AMX void q4_amx(const QuantizedRows& xr, const int8_t* xp, int64_t rows, 
   _tile_release();
 }
 
+template <bool Fine>
+void q4_run(const LinearCall& call, int64_t tiles, int64_t groups, const uint8_t* cp, const uint16_t* sp,
+            const uint16_t* mp);
+
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                     int64_t out_features, bool out_float32) {
+                     int64_t out_features, bool out_float32, bool fine) {
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 5 && codes.size(2) == 4 && codes.size(3) == 16 &&
                   codes.size(4) == 4 && codes.is_contiguous(),
               "q4_linear: codes must be contiguous uint8 [N/16, K/32, 4, 16, 4]");
@@ -556,28 +639,41 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
     TORCH_CHECK(t->scalar_type() == at::kHalf && t->is_contiguous() && t->dim() == 3 && t->size(0) == tiles &&
                     t->size(1) == groups && t->size(2) == kTile,
                 "q4_linear: scales and mins must be contiguous float16 [N/16, K/32, 16]");
-  const LinearCall call(x, k, groups, out_features, out_float32, "q4_linear");
-  const at::Tensor& out = call.out;
-  if (call.rows == 0) return out;
-  const int64_t rows = call.rows, path = call.path;
-  const QuantizedRows& xr = call.xr;
-  const Output& o = call.o;
+  const LinearCall call(x, k, groups, out_features, out_float32, "q4_linear", fine);
+  if (call.rows == 0) return call.out;
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   const uint16_t* mp = reinterpret_cast<const uint16_t*>(mins.data_ptr<at::Half>());
+  if (fine)
+    q4_run<true>(call, tiles, groups, cp, sp, mp);
+  else
+    q4_run<false>(call, tiles, groups, cp, sp, mp);
+  return call.out;
+}
+
+template <bool Fine>
+void q4_run(const LinearCall& call, int64_t tiles, int64_t groups, const uint8_t* cp, const uint16_t* sp,
+            const uint16_t* mp) {
+  const int64_t rows = call.rows, path = call.path, k = groups * kGroup;
+  const QuantizedRows& xr = call.xr;
+  const Output& o = call.o;
   if (path == kScalar) {
     for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { q4_scalar(xr, rows, groups, cp, sp, mp, t0, t1, o); });
-    return out;
+    return;
   }
   if (path == kAmx && rows >= kAmxMinRows) {
     const int64_t padded_rows = (rows + 15) / 16 * 16;
-    std::vector<int8_t> xp(static_cast<size_t>(padded_rows * k), 0);
+    std::vector<int8_t> xp(static_cast<size_t>(padded_rows * k), 0), xlp;
     std::memcpy(xp.data(), xr.q.data(), xr.q.size());
+    if constexpr (Fine) {
+      xlp.assign(xp.size(), 0);
+      std::memcpy(xlp.data(), xr.lo.data(), xr.lo.size());
+    }
     const int64_t grain = std::max<int64_t>(1, tiles / (4 * at::get_num_threads()));
     at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-      q4_amx(xr, xp.data(), rows, groups, cp, sp, mp, t0, t1, o);
+      q4_amx<Fine>(xr, xp.data(), xlp.data(), rows, groups, cp, sp, mp, t0, t1, o);
     });
-    return out;
+    return;
   }
   const int64_t tiles_per_block = (path >= kAvx512 && tiles % 2 == 0) ? 2 : 1;
   for_tile_blocks(tiles, tiles_per_block, [&](int64_t t0, int64_t t1) {
@@ -586,6 +682,7 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
     for_row_blocks(rows, [&](int64_t r0, auto rows_constant) {
       constexpr int R = decltype(rows_constant)::value;
       const int8_t* xq = xr.q.data() + r0 * k;
+      const int8_t* xlo = Fine ? xr.lo.data() + r0 * k : nullptr;
       const float* dx = xr.dx.data() + r0 * groups;
       const float* ux = xr.ux.data() + r0 * groups;
       const int32_t* sq = xr.sq.data() + r0 * groups;
@@ -593,20 +690,19 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
       const uint16_t* s = sp + t0 * groups * kTile;
       const uint16_t* m = mp + t0 * groups * kTile;
       if (path >= kAvx512 && t1 - t0 == 2)
-        q4_avx512_block<R, 2>(xq, k, dx, ux, sq, groups, c, s, m, res);
+        q4_avx512_block<R, 2, Fine>(xq, xlo, k, dx, ux, sq, groups, c, s, m, res);
       else if (path >= kAvx512)
-        q4_avx512_block<R, 1>(xq, k, dx, ux, sq, groups, c, s, m, res);
+        q4_avx512_block<R, 1, Fine>(xq, xlo, k, dx, ux, sq, groups, c, s, m, res);
       else
-        q4_avx2_rows<R>(xq, k, dx, ux, sq, groups, c, s, m, res);
+        q4_avx2_rows<R, Fine>(xq, xlo, k, dx, ux, sq, groups, c, s, m, res);
       for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
     });
   });
-  return out;
 }
 
 // the vector paths of q8_linear, one weight form (H weight groups to a group of x, mins or not,
 // scales float32 or float16); start: the AVX-512 path's per row and weight group -128 * sum(xq)
-template <int H, bool Mins, typename S>
+template <int H, bool Mins, typename S, bool Fine>
 void q8_vector(const QuantizedRows& xr, const std::vector<int32_t>& start, int64_t rows, int64_t groups,
                int64_t tiles, int64_t path, const Q8Weight<S>& wt, const Output& o) {
   const int n16 = static_cast<int>(wt.n16);
@@ -623,8 +719,9 @@ void q8_vector(const QuantizedRows& xr, const std::vector<int32_t>& start, int64
     if (path >= kAvx512 && rows <= kWideMaxRows) {
       for (; done + kWideRowBlock <= rows; done += kWideRowBlock) {
         for (int64_t t = t0; t < t1; ++t) {
-          q8_avx512_block<kWideRowBlock, 1, H, Mins, S>(
-              xr.q.data() + done * k, k, xr.dx.data() + done * groups, xr.ux.data() + done * groups,
+          q8_avx512_block<kWideRowBlock, 1, H, Mins, S, Fine>(
+              xr.q.data() + done * k, Fine ? xr.lo.data() + done * k : nullptr, k, xr.dx.data() + done * groups,
+              xr.ux.data() + done * groups,
               start.data() + done * groups * H, groups, wt.codes + t * k * kTile, wt.scales + t * groups * H * kTile,
               Mins ? wt.mins + t * groups * kTile : nullptr, res, done == 0);
           for (int r = 0; r < kWideRowBlock; ++r) o.put(done + r, t * kTile, res + r * kTile, kTile);
@@ -635,6 +732,7 @@ void q8_vector(const QuantizedRows& xr, const std::vector<int32_t>& start, int64
       constexpr int R = decltype(rows_constant)::value;
       const int64_t r0 = done + r_rest;
       const int8_t* xq = xr.q.data() + r0 * k;
+      const int8_t* xlo = Fine ? xr.lo.data() + r0 * k : nullptr;
       const float* dx = xr.dx.data() + r0 * groups;
       const float* ux = xr.ux.data() + r0 * groups;
       const int8_t* c = wt.codes + t0 * k * kTile;
@@ -643,16 +741,29 @@ void q8_vector(const QuantizedRows& xr, const std::vector<int32_t>& start, int64
       if (path >= kAvx512) {
         const int32_t* st = start.data() + r0 * groups * H;
         if (t1 - t0 == 2)
-          q8_avx512_block<R, 2, H, Mins, S>(xq, k, dx, ux, st, groups, c, s, m, res, r0 == 0);
+          q8_avx512_block<R, 2, H, Mins, S, Fine>(xq, xlo, k, dx, ux, st, groups, c, s, m, res, r0 == 0);
         else
-          q8_avx512_block<R, 1, H, Mins, S>(xq, k, dx, ux, st, groups, c, s, m, res, r0 == 0);
+          q8_avx512_block<R, 1, H, Mins, S, Fine>(xq, xlo, k, dx, ux, st, groups, c, s, m, res, r0 == 0);
       } else {
         const int32_t* st = start.empty() ? nullptr : start.data() + r0 * groups * H;
-        q8_avx2_any<R, H, Mins, S>(n16, wt.bias, xq, k, dx, ux, st, groups, c, s, m, res);
+        q8_avx2_any<R, H, Mins, S, Fine>(n16, wt.bias, xq, xlo, k, dx, ux, st, groups, c, s, m, res);
       }
       for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
     });
   });
+}
+
+template <bool Fine, typename S>
+void q8_forms(const QuantizedRows& xr, const std::vector<int32_t>& start, int64_t rows, int64_t groups, int64_t tiles,
+              int64_t path, const Q8Weight<S>& wt, const Output& o, bool mins) {
+  if (wt.h == 2 && mins)
+    q8_vector<2, true, S, Fine>(xr, start, rows, groups, tiles, path, wt, o);
+  else if (wt.h == 2)
+    q8_vector<2, false, S, Fine>(xr, start, rows, groups, tiles, path, wt, o);
+  else if (mins)
+    q8_vector<1, true, S, Fine>(xr, start, rows, groups, tiles, path, wt, o);
+  else
+    q8_vector<1, false, S, Fine>(xr, start, rows, groups, tiles, path, wt, o);
 }
 
 template <typename S>
@@ -673,28 +784,23 @@ void q8_run(const LinearCall& call, int64_t groups, int64_t tiles, const Q8Weigh
     if (h == 1) {
       for (size_t i = 0; i < start.size(); ++i) start[i] = -bias * xr.sq[i];
     } else {
-      for (int64_t i = 0; i < rows * groups * h; ++i) {
-        const int8_t* q = xr.q.data() + i * (kGroup / h);  // rows are contiguous: [r, g, h] is i
+      for (int64_t i = 0; i < rows * groups * h; ++i) {  // rows are contiguous: [r, g, h] is i
         int32_t sum = 0;
-        for (int64_t b = 0; b < kGroup / h; ++b) sum += q[b];
+        for (int64_t b = 0; b < kGroup / h; ++b) sum += xr.code(i * (kGroup / h) + b);
         start[static_cast<size_t>(i)] = -bias * sum;
       }
     }
   }
   const bool mins = wt.mins != nullptr;
-  if (h == 2 && mins)
-    q8_vector<2, true, S>(xr, start, rows, groups, tiles, path, wt, o);
-  else if (h == 2)
-    q8_vector<2, false, S>(xr, start, rows, groups, tiles, path, wt, o);
-  else if (mins)
-    q8_vector<1, true, S>(xr, start, rows, groups, tiles, path, wt, o);
+  if (xr.fine())
+    q8_forms<true, S>(xr, start, rows, groups, tiles, path, wt, o, mins);
   else
-    q8_vector<1, false, S>(xr, start, rows, groups, tiles, path, wt, o);
+    q8_forms<false, S>(xr, start, rows, groups, tiles, path, wt, o, mins);
 }
 
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                      const std::optional<at::Tensor>& mins, int64_t out_features, bool out_float32, int64_t code_lo,
-                     int64_t code_hi) {
+                     int64_t code_hi, bool fine) {
   TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 4 &&
                   codes.is_contiguous(),
               "q8_linear: codes must be contiguous int8 [N/16, K/4, 16, 4]");
@@ -716,7 +822,7 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& codes, const at::Ten
                 "q8_linear: mins must be contiguous [N/16, K/32, 16], of the scales' dtype");
   TORCH_CHECK(-127 <= code_lo && code_lo <= code_hi && code_hi <= 127,
               "q8_linear: code_lo and code_hi must bound the codes within [-127, 127]");
-  const LinearCall call(x, k, groups, out_features, out_float32, "q8_linear");
+  const LinearCall call(x, k, groups, out_features, out_float32, "q8_linear", fine);
   if (call.rows == 0) return call.out;
   const auto [bias, n16] = avx2_bias(code_lo, code_hi);
   if (half) {
@@ -761,10 +867,12 @@ std::string path() { return path_name(current_path()); }
 }  // namespace
 
 TORCH_LIBRARY(argosy_iq, m) {
-  m.def("q4_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int out_features, bool out_float32) -> Tensor");
+  m.def(
+      "q4_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int out_features, bool out_float32, "
+      "bool fine=False) -> Tensor");
   m.def(
       "q8_linear(Tensor x, Tensor codes, Tensor scales, Tensor? mins, int out_features, "
-      "bool out_float32, int code_lo, int code_hi) -> Tensor");
+      "bool out_float32, int code_lo, int code_hi, bool fine=False) -> Tensor");
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
       "Tensor block_ids, Tensor mask, int block_size) -> Tensor");

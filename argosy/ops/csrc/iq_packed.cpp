@@ -98,14 +98,14 @@ void kq_scalar(const QuantizedRows& xr, int64_t rows, const PackedW& w, int64_t 
   float acc[kTile];
   for (int64_t t = t0; t < t1; ++t) {
     for (int64_t r = 0; r < rows; ++r) {
-      const int8_t* xq = xr.q.data() + r * k;
       std::fill(acc, acc + kTile, 0.0f);
       for (int64_t g = 0; g < groups; ++g) {
         for (int64_t i = 0; i < kTile; ++i) {
           for (int64_t h = 0; h < H; ++h) {
             int32_t dot = 0;
             for (int64_t e = lines * h; e < lines * (h + 1); ++e)
-              for (int64_t b = 0; b < 4; ++b) dot += code_at<Bits>(w, t, g, e, 4 * i + b) * xq[g * kGroup + 4 * e + b];
+              for (int64_t b = 0; b < 4; ++b)
+                dot += code_at<Bits>(w, t, g, e, 4 * i + b) * xr.code(r * k + g * kGroup + 4 * e + b);
             const float s = scale_at<Kind>(w.s, t, g * H + h, i);
             acc[i] = std::fma(s * xr.dx[r * groups + g], static_cast<float>(dot), acc[i]);
           }
@@ -157,9 +157,17 @@ ARGOSY_KQ_AVX2 inline __m256 scales_8(const ScaleRef& s, int64_t t, int64_t wg, 
 
 // R rows x one tile. Byte products of u (<= 2^bits - 1) and x summed N steps in int16 (N * span
 // <= 129: below 2^15), widened once, from start (-bias times the sum of xq over the weight group)
-template <int R, int Bits, int H, bool Mins, int Kind>
-ARGOSY_KQ_AVX2 void kq_avx2_rows(const int8_t* xq, int64_t k, const float* dx, const float* ux, const int32_t* start,
-                                 const PackedW& w, int64_t t, float* res) {
+ARGOSY_KQ_AVX2 inline __m256i broadcast4_256(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// xlo: the fine form's lo bytes (Fine; iq_rows.h), laid out as xq. The start goes into the last
+// sum: 128 (u . hi) + (u . lo) + start
+template <int R, int Bits, int H, bool Mins, int Kind, bool Fine>
+ARGOSY_KQ_AVX2 void kq_avx2_rows(const int8_t* xq, const int8_t* xlo, int64_t k, const float* dx, const float* ux,
+                                 const int32_t* start, const PackedW& w, int64_t t, float* res) {
   constexpr int J = 8 / H, N = Bits == 4 ? 8 : Bits == 5 ? 4 : 2;
   static_assert(J % N == 0, "the int16 sums cover whole weight groups");
   const int64_t groups = w.groups;
@@ -168,27 +176,38 @@ ARGOSY_KQ_AVX2 void kq_avx2_rows(const int8_t* xq, int64_t k, const float* dx, c
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < groups; ++g) {
     for (int hg = 0; hg < H; ++hg) {
-      __m256i dot[R][2];
-      for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm256_set1_epi32(start[(r * groups + g) * H + hg]);
+      __m256i dot[R][2], dot_lo[R][2];
+      for (int r = 0; r < R; ++r) {
+        const __m256i s0 = _mm256_set1_epi32(start[(r * groups + g) * H + hg]);
+        dot[r][0] = dot[r][1] = Fine ? _mm256_setzero_si256() : s0;
+        dot_lo[r][0] = dot_lo[r][1] = s0;
+      }
       for (int jb = 0; jb < J; jb += N) {
-        __m256i sum16[R][2];
-        for (int r = 0; r < R; ++r) sum16[r][0] = sum16[r][1] = _mm256_setzero_si256();
+        __m256i sum16[R][2], sum16_lo[R][2];
+        for (int r = 0; r < R; ++r)
+          sum16[r][0] = sum16[r][1] = sum16_lo[r][0] = sum16_lo[r][1] = _mm256_setzero_si256();
         for (int jj = 0; jj < N; ++jj) {
           const int e = J * hg + jb + jj;
-          __m256i xs[R];
-          for (int r = 0; r < R; ++r) {
-            int32_t xv;
-            std::memcpy(&xv, xq + r * k + g * kGroup + 4 * e, 4);
-            xs[r] = _mm256_set1_epi32(xv);
-          }
           for (int h = 0; h < 2; ++h) {
             const __m256i u = codes_256<Bits>(w, t, g, e, h);
-            for (int r = 0; r < R; ++r) sum16[r][h] = _mm256_add_epi16(sum16[r][h], _mm256_maddubs_epi16(u, xs[r]));
+            for (int r = 0; r < R; ++r) {
+              const int64_t at = r * k + g * kGroup + 4 * e;
+              sum16[r][h] = _mm256_add_epi16(sum16[r][h], _mm256_maddubs_epi16(u, broadcast4_256(xq + at)));
+              if constexpr (Fine)
+                sum16_lo[r][h] = _mm256_add_epi16(sum16_lo[r][h], _mm256_maddubs_epi16(u, broadcast4_256(xlo + at)));
+            }
           }
         }
         for (int r = 0; r < R; ++r)
-          for (int h = 0; h < 2; ++h) dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(sum16[r][h], ones));
+          for (int h = 0; h < 2; ++h) {
+            dot[r][h] = _mm256_add_epi32(dot[r][h], _mm256_madd_epi16(sum16[r][h], ones));
+            if constexpr (Fine) dot_lo[r][h] = _mm256_add_epi32(dot_lo[r][h], _mm256_madd_epi16(sum16_lo[r][h], ones));
+          }
       }
+      if constexpr (Fine)
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h)
+            dot[r][h] = _mm256_add_epi32(_mm256_slli_epi32(dot[r][h], kFineShift), dot_lo[r][h]);
       for (int h = 0; h < 2; ++h) {
         const __m256 s = scales_8<Kind>(w.s, t, g * H + hg, h);
         for (int r = 0; r < R; ++r) {
@@ -246,9 +265,20 @@ ARGOSY_KQ_AVX512 inline __m512 scales_16(const ScaleRef& s, int64_t t, int64_t w
 }
 
 // R rows x T tiles from tile t0 (consecutive); start: per row and weight group
-template <int R, int T, int Bits, int H, bool Mins, int Kind>
-ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, int64_t k, const float* dx, const float* ux,
-                                      const int32_t* start, const PackedW& w, int64_t t0, float* res, bool prefetch) {
+ARGOSY_KQ_AVX512 inline __m512i broadcast4_512(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+ARGOSY_KQ_AVX512 inline __m512i fine_dot_512(__m512i hi, __m512i lo) {  // 128 * (u . hi) + (u . lo)
+  return _mm512_add_epi32(_mm512_slli_epi32(hi, kFineShift), lo);
+}
+
+template <int R, int T, int Bits, int H, bool Mins, int Kind, bool Fine>
+ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, const int8_t* xlo, int64_t k, const float* dx,
+                                      const float* ux, const int32_t* start, const PackedW& w, int64_t t0, float* res,
+                                      bool prefetch) {
   const int64_t groups = w.groups;
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
@@ -263,24 +293,30 @@ ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, int64_t k, const float* 
       }
     }
     for (int hg = 0; hg < H; ++hg) {
-      __m512i dot[R][T];
+      __m512i dot[R][T], dot_lo[R][T];
       for (int r = 0; r < R; ++r) {
         const __m512i s0 = _mm512_set1_epi32(start[(r * groups + g) * H + hg]);
-        for (int t = 0; t < T; ++t) dot[r][t] = s0;
+        for (int t = 0; t < T; ++t) {
+          dot[r][t] = Fine ? _mm512_setzero_si512() : s0;
+          dot_lo[r][t] = s0;
+        }
       }
       for (int jj = 0; jj < 8 / H; ++jj) {
         const int e = (8 / H) * hg + jj;
         __m512i xs[R];
-        for (int r = 0; r < R; ++r) {
-          int32_t a;
-          std::memcpy(&a, xq + r * k + g * kGroup + 4 * e, 4);
-          xs[r] = _mm512_set1_epi32(a);
-        }
+        for (int r = 0; r < R; ++r) xs[r] = broadcast4_512(xq + r * k + g * kGroup + 4 * e);
         for (int t = 0; t < T; ++t) {
           const __m512i u = codes_512<Bits>(w, t0 + t, g, e);
-          for (int r = 0; r < R; ++r) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], u, xs[r]);
+          for (int r = 0; r < R; ++r) {
+            dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], u, xs[r]);
+            if constexpr (Fine)
+              dot_lo[r][t] = _mm512_dpbusd_epi32(dot_lo[r][t], u, broadcast4_512(xlo + r * k + g * kGroup + 4 * e));
+          }
         }
       }
+      if constexpr (Fine)
+        for (int r = 0; r < R; ++r)
+          for (int t = 0; t < T; ++t) dot[r][t] = fine_dot_512(dot[r][t], dot_lo[r][t]);
       for (int t = 0; t < T; ++t) {
         const __m512 s = scales_16<Kind>(w.s, t0 + t, g * H + hg);
         for (int r = 0; r < R; ++r) {
@@ -310,24 +346,29 @@ ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, int64_t k, const float* 
 constexpr int64_t kKqAmxMinRows = 16;  // at 8 rows the VNNI path is faster (Q4_K 0.59 vs 0.71 ms)
 
 // C: 16 rows x 16 int32; A: 16 rows x one weight group of x (32 / H bytes); B: its 8 / H lines
+// (the fine form: A 3 its lo bytes, C 4 their sums)
 template <int H>
 ARGOSY_AMX inline void kq_amx_configure() {
   AmxConfig cfg;
   cfg.rows[0] = 16, cfg.colsb[0] = 64;
   cfg.rows[1] = 16, cfg.colsb[1] = 32 / H;
   cfg.rows[2] = 8 / H, cfg.colsb[2] = 64;
+  cfg.rows[3] = 16, cfg.colsb[3] = 32 / H;
+  cfg.rows[4] = 16, cfg.colsb[4] = 64;
   asm volatile("" : : "r"(&cfg) : "memory");  // GCC does not see ldtilecfg read it
   _tile_loadconfig(&cfg);
 }
 
-// tiles [t0, t1) x every row; xp: x's codes padded to a multiple of 16 rows
-template <int Bits, int H, bool Mins, int Kind>
-ARGOSY_AMX void kq_amx(const QuantizedRows& xr, const int8_t* xp, const int32_t* start, int64_t rows,
-                          const PackedW& w, int64_t t0, int64_t t1, const Output& out) {
+// tiles [t0, t1) x every row; xp: x's codes padded to a multiple of 16 rows (xlp: the fine
+// form's lo bytes so)
+template <int Bits, int H, bool Mins, int Kind, bool Fine>
+ARGOSY_AMX void kq_amx(const QuantizedRows& xr, const int8_t* xp, const int8_t* xlp, const int32_t* start,
+                       int64_t rows, const PackedW& w, int64_t t0, int64_t t1, const Output& out) {
   const int64_t groups = w.groups, k = groups * kGroup;
   std::vector<uint8_t> storage(static_cast<size_t>(groups * 512 + 64));
   uint8_t* b = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
   alignas(64) int32_t dots[16 * 16];
+  alignas(64) int32_t dots_lo[16 * 16];
   alignas(64) float res[16 * 16];
   kq_amx_configure<H>();
   for (int64_t t = t0; t < t1; ++t) {
@@ -346,14 +387,23 @@ ARGOSY_AMX void kq_amx(const QuantizedRows& xr, const int8_t* xp, const int32_t*
           _tile_loadd(1, xp + r0 * k + g * kGroup + hg * (kGroup / H), k);
           _tile_loadd(2, b + g * 512 + hg * (8 / H) * 64, 64);
           _tile_dpbsud(0, 1, 2);
+          if constexpr (Fine) {  // both products issued before either is stored
+            _tile_zero(4);
+            _tile_loadd(3, xlp + r0 * k + g * kGroup + hg * (kGroup / H), k);
+            _tile_dpbsud(4, 3, 2);
+          }
           _tile_stored(0, dots, 64);
+          if constexpr (Fine) _tile_stored(4, dots_lo, 64);
           ARGOSY_MEMORY_BARRIER();
           const __m512 s = scales_16<Kind>(w.s, t, g * H + hg);
           const int32_t* st = start + r0 * groups * H + g * H + hg;
 #pragma GCC unroll 16
           for (int r = 0; r < 16; ++r) {
             if (r >= nr) break;
-            const __m512i dot = _mm512_add_epi32(_mm512_load_si512(dots + 16 * r), _mm512_set1_epi32(st[r * groups * H]));
+            __m512i dot = _mm512_load_si512(dots + 16 * r);
+            if constexpr (Fine)
+              dot = _mm512_add_epi32(_mm512_slli_epi32(dot, kFineShift), _mm512_load_si512(dots_lo + 16 * r));
+            dot = _mm512_add_epi32(dot, _mm512_set1_epi32(st[r * groups * H]));
             acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s, _mm512_set1_ps(dx[r * groups])), _mm512_cvtepi32_ps(dot), acc[r]);
           }
         }
@@ -378,8 +428,8 @@ ARGOSY_AMX void kq_amx(const QuantizedRows& xr, const int8_t* xp, const int32_t*
 
 // -- driving ----------------------------------------------------------------------------------
 
-template <int Bits, int H, bool Mins, int Kind>
-void kq_run(const LinearCall& call, int64_t tiles, const PackedW& w) {
+template <int Bits, int H, bool Mins, int Kind, bool Fine>
+void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
   const int64_t rows = call.rows, path = call.path, groups = w.groups, k = groups * kGroup;
   const QuantizedRows& xr = call.xr;
   const Output& o = call.o;
@@ -389,19 +439,22 @@ void kq_run(const LinearCall& call, int64_t tiles, const PackedW& w) {
   }
   // per row and weight group: -bias times the sum of xq over it (u . xq + start = q . xq)
   std::vector<int32_t> start(static_cast<size_t>(rows * groups * H));
-  for (int64_t i = 0; i < rows * groups * H; ++i) {
-    const int8_t* q = xr.q.data() + i * (kGroup / H);  // rows are contiguous: [r, g, h] is i
+  for (int64_t i = 0; i < rows * groups * H; ++i) {  // rows are contiguous: [r, g, h] is i
     int32_t sum = 0;
-    for (int64_t b = 0; b < kGroup / H; ++b) sum += q[b];
+    for (int64_t b = 0; b < kGroup / H; ++b) sum += xr.code(i * (kGroup / H) + b);
     start[static_cast<size_t>(i)] = -w.bias * sum;
   }
   if (path == kAmx && rows >= kKqAmxMinRows) {
     const int64_t padded_rows = (rows + 15) / 16 * 16;
-    std::vector<int8_t> xp(static_cast<size_t>(padded_rows * k), 0);
+    std::vector<int8_t> xp(static_cast<size_t>(padded_rows * k), 0), xlp;
     std::memcpy(xp.data(), xr.q.data(), xr.q.size());
+    if constexpr (Fine) {
+      xlp.assign(xp.size(), 0);
+      std::memcpy(xlp.data(), xr.lo.data(), xr.lo.size());
+    }
     const int64_t grain = std::max<int64_t>(1, tiles / (4 * at::get_num_threads()));
     at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-      kq_amx<Bits, H, Mins, Kind>(xr, xp.data(), start.data(), rows, w, t0, t1, o);
+      kq_amx<Bits, H, Mins, Kind, Fine>(xr, xp.data(), xlp.data(), start.data(), rows, w, t0, t1, o);
     });
     return;
   }
@@ -413,8 +466,9 @@ void kq_run(const LinearCall& call, int64_t tiles, const PackedW& w) {
     if (path >= kAvx512 && rows <= kWideMaxRows) {  // a decode step's few rows: eight a tile
       for (; done + kWideRowBlock <= rows; done += kWideRowBlock) {
         for (int64_t t = t0; t < t1; ++t) {
-          kq_avx512_block<kWideRowBlock, 1, Bits, H, Mins, Kind>(
-              xr.q.data() + done * k, k, xr.dx.data() + done * groups, xr.ux.data() + done * groups,
+          kq_avx512_block<kWideRowBlock, 1, Bits, H, Mins, Kind, Fine>(
+              xr.q.data() + done * k, Fine ? xr.lo.data() + done * k : nullptr, k, xr.dx.data() + done * groups,
+              xr.ux.data() + done * groups,
               start.data() + done * groups * H, w, t, res, done == 0 && t + 1 < tiles);
           for (int r = 0; r < kWideRowBlock; ++r) o.put(done + r, t * kTile, res + r * kTile, kTile);
         }
@@ -424,27 +478,36 @@ void kq_run(const LinearCall& call, int64_t tiles, const PackedW& w) {
       constexpr int R = decltype(rows_constant)::value;
       const int64_t r0 = done + r_rest;
       const int8_t* xq = xr.q.data() + r0 * k;
+      const int8_t* xlo = Fine ? xr.lo.data() + r0 * k : nullptr;
       const float* dx = xr.dx.data() + r0 * groups;
       const float* ux = xr.ux.data() + r0 * groups;
       const int32_t* st = start.data() + r0 * groups * H;
       if (path >= kAvx512) {
         const bool prefetch = r0 == 0 && t1 + (t1 - t0) <= tiles;
         if (t1 - t0 == 2)
-          kq_avx512_block<R, 2, Bits, H, Mins, Kind>(xq, k, dx, ux, st, w, t0, res, prefetch);
+          kq_avx512_block<R, 2, Bits, H, Mins, Kind, Fine>(xq, xlo, k, dx, ux, st, w, t0, res, prefetch);
         else
-          kq_avx512_block<R, 1, Bits, H, Mins, Kind>(xq, k, dx, ux, st, w, t0, res, prefetch);
+          kq_avx512_block<R, 1, Bits, H, Mins, Kind, Fine>(xq, xlo, k, dx, ux, st, w, t0, res, prefetch);
       } else {
         if constexpr (R == 4) {  // two rows at a time: their sums stay in registers
-          kq_avx2_rows<2, Bits, H, Mins, Kind>(xq, k, dx, ux, st, w, t0, res);
-          kq_avx2_rows<2, Bits, H, Mins, Kind>(xq + 2 * k, k, dx + 2 * groups, ux + 2 * groups, st + 2 * groups * H,
-                                               w, t0, res + 2 * kTile);
+          kq_avx2_rows<2, Bits, H, Mins, Kind, Fine>(xq, xlo, k, dx, ux, st, w, t0, res);
+          kq_avx2_rows<2, Bits, H, Mins, Kind, Fine>(xq + 2 * k, Fine ? xlo + 2 * k : nullptr, k, dx + 2 * groups,
+                                                     ux + 2 * groups, st + 2 * groups * H, w, t0, res + 2 * kTile);
         } else {
-          kq_avx2_rows<R, Bits, H, Mins, Kind>(xq, k, dx, ux, st, w, t0, res);
+          kq_avx2_rows<R, Bits, H, Mins, Kind, Fine>(xq, xlo, k, dx, ux, st, w, t0, res);
         }
       }
       for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
     });
   });
+}
+
+template <int Bits, int H, bool Mins, int Kind>
+void kq_run(const LinearCall& call, int64_t tiles, const PackedW& w) {
+  if (call.xr.fine())
+    kq_run_form<Bits, H, Mins, Kind, true>(call, tiles, w);
+  else
+    kq_run_form<Bits, H, Mins, Kind, false>(call, tiles, w);
 }
 
 ScaleRef scale_ref(const at::Tensor& values, const std::optional<at::Tensor>& d, int64_t tiles, int64_t k,
@@ -473,7 +536,7 @@ ScaleRef scale_ref(const at::Tensor& values, const std::optional<at::Tensor>& d,
 at::Tensor kq_linear(const at::Tensor& x, const at::Tensor& nib, const std::optional<at::Tensor>& high,
                      const at::Tensor& scales, const std::optional<at::Tensor>& scale_d,
                      const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& min_d, int64_t bits,
-                     int64_t bias, int64_t out_features, bool out_float32) {
+                     int64_t bias, int64_t out_features, bool out_float32, bool fine) {
   TORCH_CHECK(nib.scalar_type() == at::kByte && nib.dim() == 5 && nib.size(2) == 4 && nib.size(3) == 16 &&
                   nib.size(4) == 4 && nib.is_contiguous(),
               "kq_linear: nib must be contiguous uint8 [N/16, K/32, 4, 16, 4]");
@@ -501,7 +564,7 @@ at::Tensor kq_linear(const at::Tensor& x, const at::Tensor& nib, const std::opti
     w.m.negate = w.m.d != nullptr;
   }
   const int kind = w.s.d == nullptr ? kHalfScales : scales.scalar_type() == at::kByte ? kSuperU8 : kSuperI8;
-  const LinearCall call(x, k, groups, out_features, out_float32, "kq_linear");
+  const LinearCall call(x, k, groups, out_features, out_float32, "kq_linear", fine);
   if (call.rows == 0) return call.out;
   // the forms GGUF's formats take (the codes of any, fewer bits where they fit)
   if (bits == 4 && h == 1 && has_mins && kind == kSuperU8) kq_run<4, 1, true, kSuperU8>(call, tiles, w);  // Q4_K
@@ -519,7 +582,7 @@ at::Tensor kq_linear(const at::Tensor& x, const at::Tensor& nib, const std::opti
 TORCH_LIBRARY_FRAGMENT(argosy_iq, m) {
   m.def(
       "kq_linear(Tensor x, Tensor nib, Tensor? high, Tensor scales, Tensor? scale_d, Tensor? mins, "
-      "Tensor? min_d, int bits, int bias, int out_features, bool out_float32) -> Tensor");
+      "Tensor? min_d, int bits, int bias, int out_features, bool out_float32, bool fine=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(argosy_iq, CPU, m) { m.impl("kq_linear", &kq_linear); }

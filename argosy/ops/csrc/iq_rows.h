@@ -23,11 +23,25 @@ namespace {  // each kernel file its own copy (they are small and inline)
 
 // -- 1. the rows, quantized (the same bits on every path) --------------------------------------
 
+// The fine form (a layer whose x rounding costs the most accuracy: the output head): x's code is
+// c = round-half-even(x * (127 / a) * 128) in [-16256, 16256], a 15-bit code, held as two bytes
+// c = 128 * hi + lo (hi = floor((c + 64) / 128) in [-127, 127], lo in [-64, 63]) so the byte dot
+// products serve it: a dot is 128 * (codes . hi) + (codes . lo), exact in int32. dx = a / 127 /
+// 128 (exact: a power of two), sq and ux are c's. x's rounding error is 1/128 of the plain form's.
+constexpr int kFineShift = 7;
+constexpr float kFineScale = 128.0f;
+constexpr int32_t kFineMax = 127 * 128;
+
 struct QuantizedRows {
-  std::vector<int8_t> q;    // [M, K]
+  std::vector<int8_t> q;    // [M, K]: the code, or in the fine form hi
+  std::vector<int8_t> lo;   // [M, K]: the fine form's lo; empty in the plain form
   std::vector<float> dx;    // [M, G]
   std::vector<float> ux;    // [M, G]
   std::vector<int32_t> sq;  // [M, G]
+  bool fine() const { return !lo.empty(); }
+  int32_t code(int64_t i) const {  // x's integer code at [row * K + k]
+    return fine() ? (static_cast<int32_t>(q[i]) << kFineShift) + lo[i] : q[i];
+  }
 };
 
 
@@ -36,11 +50,23 @@ struct GroupQ {  // one group's quantization
   int32_t sq;
 };
 
-inline GroupQ quantize_group(const float* v, int8_t* q) {
+inline GroupQ quantize_group(const float* v, int8_t* q, int8_t* lo) {  // lo: nullptr, or the fine form
   float amax = 0.0f;
   for (int i = 0; i < kGroup; ++i) amax = std::max(amax, std::fabs(v[i]));
   const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
   int32_t qsum = 0;
+  if (lo != nullptr) {
+    for (int i = 0; i < kGroup; ++i) {
+      const float scaled = std::nearbyint(v[i] * inv * kFineScale);
+      const auto c = static_cast<int32_t>(std::min<float>(kFineMax, std::max<float>(-kFineMax, scaled)));
+      const int32_t hi = (c + 64) >> kFineShift;  // floor
+      q[i] = static_cast<int8_t>(hi);
+      lo[i] = static_cast<int8_t>(c - (hi << kFineShift));
+      qsum += c;
+    }
+    const float dx = amax / 127.0f / kFineScale;
+    return {dx, dx * static_cast<float>(qsum), qsum};
+  }
   for (int i = 0; i < kGroup; ++i) {
     const float scaled = std::nearbyint(v[i] * inv);  // the default rounding: half to even
     q[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, scaled)));
@@ -55,20 +81,30 @@ inline GroupQ quantize_group(const float* v, int8_t* q) {
 // so the same bits (inputs holding NaN aside: the row fails as non-finite anyway)
 #define ARGOSY_Q512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
-ARGOSY_Q512 inline GroupQ quantize_group_512(__m512 lo, __m512 hi, int8_t* q) {
-  const float amax = std::max(0.0f, _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi))));
+ARGOSY_Q512 inline GroupQ quantize_group_512(__m512 first, __m512 second, int8_t* q, int8_t* lo) {
+  const float amax =
+      std::max(0.0f, _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(first), _mm512_abs_ps(second))));
   const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-  const __m512 top = _mm512_set1_ps(127.0f), bottom = _mm512_set1_ps(-127.0f);
+  const float top_value = lo != nullptr ? static_cast<float>(kFineMax) : 127.0f;
+  const __m512 top = _mm512_set1_ps(top_value), bottom = _mm512_set1_ps(-top_value);
   __m512i codes[2];
-  const __m512 halves[2] = {lo, hi};
+  const __m512 halves[2] = {first, second};
   for (int h = 0; h < 2; ++h) {
-    const __m512 scaled =
-        _mm512_roundscale_ps(_mm512_mul_ps(halves[h], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 product = _mm512_mul_ps(halves[h], inv);
+    if (lo != nullptr) product = _mm512_mul_ps(product, _mm512_set1_ps(kFineScale));
+    const __m512 scaled = _mm512_roundscale_ps(product, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     codes[h] = _mm512_cvtps_epi32(_mm512_min_ps(top, _mm512_max_ps(bottom, scaled)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(codes[h]));
+    if (lo != nullptr) {
+      const __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(codes[h], _mm512_set1_epi32(64)), kFineShift);
+      const __m512i rest = _mm512_sub_epi32(codes[h], _mm512_slli_epi32(hi, kFineShift));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(hi));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + 16 * h), _mm512_cvtepi32_epi8(rest));
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(codes[h]));
+    }
   }
   const int32_t qsum = _mm512_reduce_add_epi32(_mm512_add_epi32(codes[0], codes[1]));
-  const float dx = amax / 127.0f;
+  const float dx = lo != nullptr ? amax / 127.0f / kFineScale : amax / 127.0f;
   return {dx, dx * static_cast<float>(qsum), qsum};
 }
 
@@ -78,17 +114,18 @@ ARGOSY_Q512 void quantize_groups_512(const uint16_t* xb, const float* xf, int64_
     const int64_t offset = rg * kGroup;
     const __m512 lo = xb ? load16_bf16(xb + offset) : _mm512_loadu_ps(xf + offset);
     const __m512 hi = xb ? load16_bf16(xb + offset + 16) : _mm512_loadu_ps(xf + offset + 16);
-    const GroupQ g = quantize_group_512(lo, hi, out.q.data() + offset);
+    const GroupQ g = quantize_group_512(lo, hi, out.q.data() + offset, out.fine() ? out.lo.data() + offset : nullptr);
     out.dx[rg] = g.dx;
     out.ux[rg] = g.ux;
     out.sq[rg] = g.sq;
   }
 }
 
-QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups, bool vector) {
+QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups, bool vector, bool fine) {
   const int64_t rows = x.size(0), k = groups * kGroup;
   QuantizedRows out;
   out.q.resize(static_cast<size_t>(rows * k));
+  if (fine) out.lo.resize(static_cast<size_t>(rows * k));
   out.dx.resize(static_cast<size_t>(rows * groups));
   out.ux.resize(static_cast<size_t>(rows * groups));
   out.sq.resize(static_cast<size_t>(rows * groups));
@@ -108,7 +145,7 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups, bool vector) {
         for (int64_t i = 0; i < kGroup; ++i) v[i] = bf16_to_float(xb[offset + i]);
         values = v;
       }
-      const GroupQ g = quantize_group(values, out.q.data() + offset);
+      const GroupQ g = quantize_group(values, out.q.data() + offset, fine ? out.lo.data() + offset : nullptr);
       out.dx[rg] = g.dx;
       out.ux[rg] = g.ux;
       out.sq[rg] = g.sq;
@@ -186,12 +223,13 @@ struct LinearCall {
   QuantizedRows xr;
   Output o;
 
-  LinearCall(const at::Tensor& x, int64_t k, int64_t groups, int64_t out_features, bool out_float32, const char* op)
+  LinearCall(const at::Tensor& x, int64_t k, int64_t groups, int64_t out_features, bool out_float32, const char* op,
+             bool fine = false)
       : rows(0), path(current_path()) {
     check_x(x, k, op);
     rows = x.size(0);
     out = at::empty({rows, out_features}, x.options().dtype(out_float32 ? at::kFloat : x.scalar_type()));
-    if (rows > 0) xr = quantize_rows(x, groups, path >= kAvx512);
+    if (rows > 0) xr = quantize_rows(x, groups, path >= kAvx512, fine);
     o = make_output(out, path);
   }
 };
