@@ -1,9 +1,10 @@
 """Quality: how far each engine's per-token log-probabilities are from an fp32 reference.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/quality.py [--tokens 8192] [--quick]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/quality.py [--tokens 8192] [--quick] [--model smollm2]
         [--systems argosy,argosy-fast,argosy-bf16,llama-server] [--top-k 20]
 
-Model: SmolLM2-135M-Instruct, its Q4_1 GGUF (the default model). Every system scores the same
+Model: --model, a registry name: SmolLM2-135M-Instruct's Q4_1 GGUF (the default model),
+qwen2.5-coder-0.5b or qwen2.5-coder-1.5b (Q4_K_M; `argosy pull` them first). Every system scores the same
 tokens, teacher-forced: at each position it gives the log-probabilities of the next token given
 the text so far, and we compare them with a float32 reference.
 
@@ -23,12 +24,14 @@ bit-identical), one forward pass per window, the full log-softmax at every posit
 
 Systems (same windows):
   argosy            LLMEngine in process, default mode: Q4 weights (quantization auto), numerics
-                    auto = invariant (int8 activations per group of 32, a float32 residual stream,
-                    fp16 KV cache; native kernels, path in the header). Scored through SamplingParams.prompt_logprobs: the engine
+                    auto = invariant (int8 activations per group of 32, 15-bit for the output head
+                    and the q/k/v projection, a float32 residual stream, fp16 KV cache; native
+                    kernels, path in the header). Scored through SamplingParams.prompt_logprobs: the engine
                     returns each prompt token's logprob and its top-k (the same code as the
                     completions API's echo + logprobs). compile off: requests with prompt logprobs
                     never take the compiled decode step, so it only saves start-up time.
-  argosy-fast       the same with numerics fast: its prompts run the bf16 twin of the Q4 weights.
+  argosy-fast       the same with numerics fast: its prompts run the bf16 twin of the Q4 weights,
+                    its output head the invariant kernels' (15-bit x, fp32 logits).
   argosy-bf16       quantization none: bf16 weights (dequantized from the same GGUF), numerics fast.
   llama-server      the peer build (bench/peer_builds.py) on the same GGUF, started as bench/peers.py
                     does (one slot, its default f16 KV cache) with --server-threads threads (1: its
@@ -92,7 +95,7 @@ sys.path.insert(0, str(BENCH_DIR))
 import torch  # noqa: E402
 from quality_scores import Scores, score_llama_server  # noqa: E402
 
-MODEL = "smollm2"
+MODEL = "smollm2"  # the default --model
 TOPICS = ("execmodel", "objects", "truth", "types")  # prose entries of pydoc_data.topics, sorted
 ARGOSY_SYSTEMS: dict[str, tuple[str, str]] = {  # name: (quantization, numerics)
     "argosy": ("auto", "auto"),
@@ -110,14 +113,14 @@ class Reference:
     seconds: float
 
 
-def text_tokens(count: int) -> list[int]:
+def text_tokens(model: str, count: int) -> list[int]:
     """The first `count` tokens of the fixed text."""
     from pydoc_data.topics import topics
 
     from argosy.models.loader import resolve_model
 
     text = "\n\n".join(topics[name] for name in sorted(TOPICS))
-    ids: list[int] = resolve_model(MODEL).tokenizer.encode(text, add_special_tokens=False).ids
+    ids: list[int] = resolve_model(model).tokenizer.encode(text, add_special_tokens=False).ids
     if len(ids) < count:
         raise SystemExit(f"the text has {len(ids)} tokens; at most {len(ids) - 1} positions can be scored")
     return ids[:count]
@@ -147,17 +150,21 @@ def invariant_path() -> str:
 # --- reference --------------------------------------------------------------------------------
 
 
-def compute_reference(tokens: list[int], windows: list[tuple[int, int]], source: str) -> Reference:
+def compute_reference(
+    model_name: str, tokens: list[int], windows: list[tuple[int, int]], source: str
+) -> Reference:
     from transformers import AutoModelForCausalLM
 
     from argosy.models.loader import MODEL_REGISTRY, resolve_model
 
     started = time.perf_counter()
     if source == "gguf":
-        gguf = Path(MODEL_REGISTRY[MODEL]())
+        gguf = Path(MODEL_REGISTRY[model_name]())
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     else:
-        model = AutoModelForCausalLM.from_pretrained(resolve_model(MODEL).weights_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            resolve_model(model_name).weights_dir, dtype=torch.float32
+        )
     model.eval()
     rows = []
     with torch.inference_mode():
@@ -198,7 +205,7 @@ class FullRowProbe:
 
 
 def score_argosy(
-    name: str, tokens: list[int], windows: list[tuple[int, int]], reference: Reference, top_k: int
+    model: str, name: str, tokens: list[int], windows: list[tuple[int, int]], reference: Reference, top_k: int
 ) -> Scores:
     import argosy.runner.model_runner as model_runner
     from argosy.config import EngineConfig
@@ -207,7 +214,7 @@ def score_argosy(
 
     quantization, numerics = ARGOSY_SYSTEMS[name]
     config = EngineConfig(
-        model=MODEL, dtype="bfloat16", quantization=quantization, numerics=numerics, compile="off"
+        model=model, dtype="bfloat16", quantization=quantization, numerics=numerics, compile="off"
     )
     engine = LLMEngine(config)
     params = SamplingParams(
@@ -351,6 +358,9 @@ def main() -> None:
         help="positions scored (N+1 text tokens read; 8,192: the paired interval with llama-server is then ~5e-5)",
     )
     parser.add_argument("--quick", action="store_true", help="512 positions")
+    parser.add_argument(
+        "--model", default=MODEL, help="a registry name: smollm2, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, ..."
+    )
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {', '.join(SYSTEMS)}")
     parser.add_argument(
         "--top-k", type=int, default=MAX_TOP_K, help="K: the top tokens each system is asked for"
@@ -370,12 +380,12 @@ def main() -> None:
     if not 1 <= args.top_k <= MAX_TOP_K:
         parser.error(f"--top-k must be between 1 and {MAX_TOP_K} (the engine's prompt-logprob limit)")
 
-    tokens = text_tokens(num_positions + 1)
+    tokens = text_tokens(args.model, num_positions + 1)
     windows = make_windows(num_positions, args.window)
     digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:12]
     cpu, path = cpu_line(), invariant_path()
     print(
-        f"# bench/quality.py model={MODEL} CPU: {cpu}; invariant kernel path: {path}; torch threads {torch.get_num_threads()}"
+        f"# bench/quality.py model={args.model} CPU: {cpu}; invariant kernel path: {path}; torch threads {torch.get_num_threads()}"
     )
     print(
         f"# text: pydoc_data.topics {'+'.join(sorted(TOPICS))} (Python {platform.python_version()}), "
@@ -384,7 +394,7 @@ def main() -> None:
         flush=True,
     )
 
-    reference = compute_reference(tokens, windows, args.reference)
+    reference = compute_reference(args.model, tokens, windows, args.reference)
     ref_nll = -float(reference.logprobs[torch.arange(num_positions), reference.targets].mean())
     print(
         f"# reference: transformers float32 ({args.reference}), mean NLL {ref_nll:.4f} "
@@ -399,9 +409,9 @@ def main() -> None:
     for name in systems:
         print(f"[{name}] scoring {num_positions} positions", flush=True)
         if name in ARGOSY_SYSTEMS:
-            scores = score_argosy(name, tokens, windows, reference, args.top_k)
+            scores = score_argosy(args.model, name, tokens, windows, reference, args.top_k)
         else:
-            scores = score_llama_server(MODEL, tokens, windows, args.top_k, args.server_threads)
+            scores = score_llama_server(args.model, tokens, windows, args.top_k, args.server_threads)
         results[name] = figures(scores, reference, args.top_k)
         per_position[name] = scores.true_logprob
         notes[name] = scores.notes
@@ -415,7 +425,7 @@ def main() -> None:
     out = args.out or BENCH_DIR / "results" / f"quality-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
-        "model": MODEL,
+        "model": args.model,
         "cpu": cpu,
         "invariant_path": path,
         "python": platform.python_version(),

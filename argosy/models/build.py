@@ -28,6 +28,7 @@ from argosy.models.quantize import (
     apply_int8,
     apply_int8_head,
     block_codes_of,
+    take_fine_form,
 )
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
@@ -173,6 +174,7 @@ def load_model(
     )
     if invariant:  # the residual stream in float32 (bench/quality.py: KL to the fp32 reference -17%)
         model.hidden_dtype = torch.float32
+        take_fine_form(model)
         for name, module in model.named_modules():
             if isinstance(module, MLP):
                 module.invariant_ops = True
@@ -319,7 +321,15 @@ def _quantize(
         elif dtype != torch.float32:  # float32 asks for precision: its head stays exact
             # the native int8 kernel serves any number of rows (2+; torch's serves one): no
             # float twin of the head (57 MB of SmolLM2's peak memory)
-            apply_int8_head(model, dtype, 0 if native_qlinear(dtype) else max_int4_rows, float_output=True)
+            if invariant_qlinear(dtype):
+                # the invariant kernels' head here too: the file's codes (Q8_0: exactly), x in the
+                # fine form, fp32 logits (bench/quality.py, SmolLM2 fast mode: KL 2.05e-3 -> 5.1e-4)
+                head_rows = _head_rows(model, files)
+                apply_int8_head(model, dtype, invariant=True, float_output=True, weight_rows=head_rows)
+            else:
+                apply_int8_head(
+                    model, dtype, 0 if native_qlinear(dtype) else max_int4_rows, float_output=True
+                )
     elif mode == "int4":
         raise ModelLoadError(
             "int4 uses a GGUF file's own blocks (Q4_0 ... Q6_K); this model has none (try int8)"

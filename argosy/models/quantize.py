@@ -32,6 +32,28 @@ FUSED_PARTS = {
 }
 
 
+# the projections whose x the invariant kernels take in their fine form (csrc/iq_rows.h: 15-bit
+# codes, twice the integer products), besides the output head: where rounding x to 8 bits moves
+# the logits most for the fewest products. SmolLM2, 1,024 positions of bench/quality.py, KL to
+# the fp32 reference (llama-server 2.15e-3, |dlp| 0.0527): every x at 8 bits 2.14e-3 (|dlp|
+# 0.0555); the head fine 1.36e-3 (0.0442); + qkv 8.2e-4 (0.0343); + o_proj instead 1.34e-3; +
+# down_proj instead 1.0e-3 (0.0365) at 1.6x qkv's products (4.5x on Qwen2.5's GQA); every
+# layer fine 6e-7. q and k's errors reach the attention scores through the softmax.
+FINE_LAYERS = ("self_attn.qkv_proj",)
+
+
+def take_fine_form(model: nn.Module) -> int:
+    """Marks FINE_LAYERS' invariant projections (a fused layer split by format: each part) to
+    take x in the fine form; returns how many."""
+    count = 0
+    for name, module in model.named_modules():
+        layer = name.rsplit(".parts.", 1)[0]
+        if layer.endswith(FINE_LAYERS) and isinstance(module, (Int4Linear, Int8Linear)) and module.invariant:
+            module.fine = True
+            count += 1
+    return count
+
+
 def _replace(model: nn.Module, path: str, module: nn.Module) -> None:
     parent_path, _, attr = path.rpartition(".")
     setattr(model.get_submodule(parent_path), attr, module)
@@ -157,7 +179,8 @@ def apply_int8_head(
     max_int8_rows rows when given (the float head serves the rest): at one row it reads half
     the bytes of bf16 (0.95 vs 1.34 ms for SmolLM2's 49152 x 576 head, 2 threads), but int8's
     kernel slows with rows (3.3 ms at 8). A tied head keeps the embeddings in float.
-    `float_output`: logits in float32 where the invariant kernels serve the head;
+    `float_output`: logits in float32 where the invariant kernels serve the head, x in their
+    fine form (the head's rounding of x is what moves the logits most: bench/quality.py);
     `weight_rows`: the head's rows as the files hold them, `blocks`: its own codes (Int8Linear)."""
     head = model.lm_head
     assert isinstance(head, nn.Linear)
@@ -170,5 +193,6 @@ def apply_int8_head(
         float_output=float_output,
         weight_rows=weight_rows,
         blocks=blocks,
+        fine=float_output,
     )
     model.lm_head = BatchSwitchLinear(int8, head, max_int8_rows) if max_int8_rows else int8  # type: ignore[assignment]
