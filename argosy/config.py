@@ -12,6 +12,7 @@ from argosy.errors import InvalidRequestError
 from argosy.ops.devices import check_device_name
 
 QOS_CLASSES = ("interactive", "background", "inline")
+KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "int8")
 
 
 @dataclass(slots=True)
@@ -51,6 +52,11 @@ class EngineConfig:
     # of SmolLM2 (one request of its whole 8,192-token context, or 32 requests of 270 tokens
     # before preemption; llama-server's default is 4,096)
     kv_cache_memory: int = 192 * 1024 * 1024
+    # auto | fp16 | bf16 | int8: the KV cache's element. auto: the kernels' own (the invariant
+    # attention's fp16, else the model's dtype); int8: llama.cpp's q8_0 (codes and an fp16 scale
+    # per 32 dims: 0.53x fp16's bytes, so ~1.9x the tokens in kv_cache_memory), on the invariant
+    # attention kernel only (csrc/iq_attention.cpp), refused at load elsewhere
+    kv_cache_dtype: str = "auto"
     max_num_seqs: int = 64  # running requests per step
     max_num_batched_tokens: int = 1024  # token budget per step (prefill chunk bound; measured:
     # a 1,000-token prompt prefills at ~2,900 tok/s in one chunk vs ~2,200 in two of 512)
@@ -104,6 +110,11 @@ class EngineConfig:
             )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidRequestError("max_model_len must be at least 2", "max_model_len")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidRequestError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
+                "kv_cache_dtype",
+            )
         if self.kv_cache_memory < 1:
             raise InvalidRequestError("kv_cache_memory must be positive", "kv_cache_memory")
         if self.max_num_seqs < 1:
@@ -215,6 +226,7 @@ class ModelSpec:
     # requests (`suffix`); routed there with QoS inline
     satellite: str | None = None
     draft: str | None = None  # a draft model for speculative decoding (as --draft-model)
+    kv_cache_dtype: str | None = None  # as --kv-cache-dtype
 
     def __post_init__(self) -> None:
         if not self.id.strip():
@@ -235,7 +247,7 @@ class ModelSpec:
     def engine_config(self, base: EngineConfig) -> EngineConfig:
         """The engine config this model loads with: `base` with this model's overrides."""
         overrides: dict[str, object] = {"model": self.source}
-        for name in ("quantization", "compile", "max_model_len"):
+        for name in ("quantization", "compile", "max_model_len", "kv_cache_dtype"):
             value = getattr(self, name)
             if value is not None:
                 overrides[name] = value

@@ -33,6 +33,8 @@ Systems (same windows):
   argosy-fast       the same with numerics fast: its prompts run the bf16 twin of the Q4 weights,
                     its output head the invariant kernels' (15-bit x, fp32 logits).
   argosy-bf16       quantization none: bf16 weights (dequantized from the same GGUF), numerics fast.
+  argosy-kv8        the default mode over an int8 KV cache (--kv-cache-dtype int8: llama.cpp's
+                    q8_0, codes and an fp16 scale per 32 dims).
   llama-server      the peer build (bench/peer_builds.py) on the same GGUF, started as bench/peers.py
                     does (one slot, its default f16 KV cache) with --server-threads threads (1: its
                     figures are the same at any count, and one-token requests on a busy 2-core
@@ -97,10 +99,11 @@ from quality_scores import Scores, score_llama_server  # noqa: E402
 
 MODEL = "smollm2"  # the default --model
 TOPICS = ("execmodel", "objects", "truth", "types")  # prose entries of pydoc_data.topics, sorted
-ARGOSY_SYSTEMS: dict[str, tuple[str, str]] = {  # name: (quantization, numerics)
-    "argosy": ("auto", "auto"),
-    "argosy-fast": ("auto", "fast"),
-    "argosy-bf16": ("none", "fast"),
+ARGOSY_SYSTEMS: dict[str, tuple[str, str, str]] = {  # name: (quantization, numerics, KV cache)
+    "argosy": ("auto", "auto", "auto"),
+    "argosy-fast": ("auto", "fast", "auto"),
+    "argosy-bf16": ("none", "fast", "auto"),
+    "argosy-kv8": ("auto", "auto", "int8"),
 }
 SYSTEMS = (*ARGOSY_SYSTEMS, "llama-server")
 MAX_TOP_K = 20  # argosy.sampling_params.MAX_LOGPROBS
@@ -212,9 +215,14 @@ def score_argosy(
     from argosy.engine.llm_engine import LLMEngine
     from argosy.sampling_params import SamplingParams
 
-    quantization, numerics = ARGOSY_SYSTEMS[name]
+    quantization, numerics, kv_cache_dtype = ARGOSY_SYSTEMS[name]
     config = EngineConfig(
-        model=model, dtype="bfloat16", quantization=quantization, numerics=numerics, compile="off"
+        model=model,
+        dtype="bfloat16",
+        quantization=quantization,
+        numerics=numerics,
+        kv_cache_dtype=kv_cache_dtype,
+        compile="off",
     )
     engine = LLMEngine(config)
     params = SamplingParams(

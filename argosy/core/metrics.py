@@ -196,6 +196,10 @@ class EngineCollector(Collector):
             "Requests admitted and not yet started (first output), bounded by --max-queued-requests.",
         )
         kv_usage = gauge("argosy:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).")
+        kv_bytes = gauge(
+            "argosy:kv_bytes_per_token", "K and V bytes of one token, all layers (--kv-cache-dtype)."
+        )
+        kv_capacity = gauge("argosy:kv_cache_capacity_tokens", "Tokens the KV cache holds.")
         queries = counter("argosy:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         hits = counter("argosy:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         preemptions = counter("argosy:num_preemptions", "Sequences preempted (KV cache full).")
@@ -227,13 +231,18 @@ class EngineCollector(Collector):
             waiting.add_metric(model, stats.num_waiting)
             queued.add_metric(model, entry.service.admission.num_waiting)
             kv_usage.add_metric(model, stats.kv_cache_usage)
+            kv = entry.service.model_info().kv_cache
+            if kv is not None:
+                kv_bytes.add_metric(model, float(kv["bytes_per_token"]))  # type: ignore[arg-type]
+                kv_capacity.add_metric(model, float(kv["capacity_tokens"]))  # type: ignore[arg-type]
             queries.add_metric(model, stats.prefix_cache_queries)
             hits.add_metric(model, stats.prefix_cache_hits)
             preemptions.add_metric(model, stats.num_preemptions)
             drafts.add_metric(model, stats.spec_proposed_tokens)
             accepted.add_metric(model, stats.spec_accepted_tokens)
         num_loaded.add_metric([], len(self.models.loaded()))
-        yield from (running, waiting, queued, kv_usage, queries, hits, preemptions, drafts, accepted)
+        yield from (running, waiting, queued, kv_usage, kv_bytes, kv_capacity, queries, hits, preemptions)
+        yield from (drafts, accepted)
         yield from (loads, unloads, num_loaded, encoder_forwards)
         yield from self._fleet()
 

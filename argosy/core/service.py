@@ -82,6 +82,7 @@ class ModelInfo:
     dimensions: int | None = None  # the embedding's length (a chat model's: its hidden size)
     pooling: str | None = None  # how its embeddings pool the hidden states (mean, cls, ...)
     memory_bytes: int | None = None  # loaded: weights and buffers (+ KV pool), as allocated
+    kv_cache: dict[str, object] | None = None  # loaded chat model: dtype, bytes_per_token, capacity_tokens
     chat_template_source: str | None = None  # model | models file | built-in (<family>) | None
     tensor_formats: dict[str, str] | None = None  # a GGUF's types per weight role
     error: str | None = None  # failed: why it did not load
@@ -92,6 +93,17 @@ class ModelInfo:
     description: str | None = None  # audio models: what the model is
     # the `reasoning_effort` values its chat template takes (None: it does not read one)
     reasoning_effort_levels: tuple[str, ...] | None = None
+
+
+def kv_cache_info(description: ModelDescription) -> dict[str, object] | None:
+    """/v1/models' account of a chat model's KV cache (None where the engine gave none)."""
+    if description.kv_bytes_per_token is None:
+        return None
+    return {
+        "dtype": description.kv_cache_dtype,
+        "bytes_per_token": description.kv_bytes_per_token,
+        "capacity_tokens": description.kv_capacity_tokens,
+    }
 
 
 @dataclass(slots=True)
@@ -244,6 +256,7 @@ class ModelService:
             ),
             has_tools=self._chat_profile is not None,
             memory_bytes=description.memory_bytes,
+            kv_cache=kv_cache_info(description),
             tensor_formats=description.tensor_formats,
             chat_template_source=self.template_source if self._template is not None else None,
             has_fim=self.fim is not None,

@@ -39,7 +39,13 @@ from argosy.ops.memory import release_free_memory
 from argosy.ops.native import native_ops_path
 from argosy.runner.compiled import compiled_graph_count
 from argosy.runner.draft_model import ChainProposer, DraftModelProposer, make_proposer
-from argosy.runner.model_runner import ModelRunner, StepResult, kv_bytes_per_block
+from argosy.runner.model_runner import (
+    ModelRunner,
+    StepResult,
+    kv_bytes_per_block,
+    kv_bytes_per_token,
+    resolve_kv_dtype,
+)
 from argosy.runner.spec_decode import Verified
 from argosy.runner.structured import TokenGuide
 from argosy.sampling_params import SamplingParams
@@ -75,8 +81,11 @@ class LLMEngine:
             invariant=self.invariant,
         )
         cfg = self.model.config
+        self.kv_dtype = resolve_kv_dtype(
+            config.kv_cache_dtype, self.model, self.invariant, self.device, self.dtype
+        )
         per_block = kv_bytes_per_block(
-            cfg.num_layers, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype
+            cfg.num_layers, config.block_size, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype
         )
         kv_bytes = config.kv_cache_memory
         if self.device.startswith("cuda"):  # what weights and activations leave of the GPU's share
@@ -117,6 +126,7 @@ class LLMEngine:
             self.device,
             invariant=self.invariant,
             max_model_len=self.max_model_len,
+            kv_dtype=self.kv_dtype,
         )
         # the CUDA layers give every row alike whatever its batch (ops/triton_kernels.py)
         self.deterministic = self.invariant or self.device.startswith("cuda")
@@ -225,7 +235,7 @@ class LLMEngine:
             self.config.block_size,
             self.model.config.num_kv_heads,
             self.model.config.head_dim,
-            self.dtype,
+            self.kv_dtype,
         )
         return ModelDescription(
             name=source.name,
@@ -249,6 +259,14 @@ class LLMEngine:
             deterministic=self.deterministic,
             tensor_formats=tensor_formats(source.hf_config.get(GGUF_TENSOR_TYPES_KEY)),
             hidden_size=self.model.config.hidden_size,
+            kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
+            kv_bytes_per_token=kv_bytes_per_token(
+                self.model.config.num_layers,
+                self.model.config.num_kv_heads,
+                self.model.config.head_dim,
+                self.kv_dtype,
+            ),
+            kv_capacity_tokens=self.num_blocks * self.config.block_size,
         )
 
     # -- requests ------------------------------------------------------------------------

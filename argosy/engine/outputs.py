@@ -96,6 +96,9 @@ class ModelDescription:
         None  # a GGUF's types per weight role (gguf_config.tensor_formats)
     )
     hidden_size: int | None = None  # the last hidden state's width (a pooled embedding's length)
+    kv_cache_dtype: str | None = None  # the KV cache's element: float16 | bfloat16 | int8 (q8_0) ...
+    kv_bytes_per_token: int | None = None  # K and V of one token, all layers
+    kv_capacity_tokens: int | None = None  # tokens the KV pool holds (blocks x block size)
 
     def encode(self, text: str) -> list[int]:
         """A raw prompt's token ids, with the BOS the model's tokenizer config asks for."""

@@ -53,9 +53,11 @@ Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int | None], torch.
 def cast_for_cache(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_dtype: torch.dtype, invariant: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """k and v in the cache's dtype; q too, except for the invariant kernel, which takes float32
-    queries (the stream's, unrounded). The eager step and the compiled graph both call this."""
-    k, v = k.to(cache_dtype), v.to(cache_dtype)
+    """k and v in the cache's dtype (an int8 cache: float32, which the kernel quantizes as it
+    writes); q too, except for the invariant kernel, which takes float32 queries (the stream's,
+    unrounded). The eager step and the compiled graph both call this."""
+    kv_dtype = torch.float32 if cache_dtype == torch.int8 else cache_dtype
+    k, v = k.to(kv_dtype), v.to(kv_dtype)
     return (q.float() if invariant else q.to(cache_dtype)), k, v
 
 

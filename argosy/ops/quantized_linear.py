@@ -370,7 +370,10 @@ class Int8Linear(nn.Module):
                 x2.contiguous(), self.tiles, self.tile_scales, self.out_features
             )
         else:
-            out = torch.ops.aten._weight_int8pack_mm(x2, self.weight_int8, self.scales)
+            # x in the layer's dtype: torch's kernel takes one dtype, and the invariant mode's
+            # float32 stream reaches a layer its kernels could not take (a 300-row head)
+            scales = cast(torch.Tensor, self.scales)
+            out = torch.ops.aten._weight_int8pack_mm(x2.to(scales.dtype), self.weight_int8, scales)
         out = out.view(*shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
 

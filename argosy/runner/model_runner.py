@@ -18,6 +18,7 @@ import torch
 from argosy.engine.outputs import TokenLogprob
 from argosy.engine.scheduler import ScheduledRequest, SchedulerOutput
 from argosy.engine.sequence import Sequence
+from argosy.errors import ModelLoadError
 from argosy.models.llama import DecoderForCausalLM
 from argosy.ops.attention import (
     AttentionMetadata,
@@ -81,11 +82,62 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
 
 
+def kv_row_width(head_dim: int, kv_dtype: torch.dtype) -> int:
+    """A KV head's row in the cache, in its elements: head_dim, or for int8 head_dim codes and
+    an fp16 scale per 32 (csrc/iq_attention.cpp)."""
+    return head_dim + head_dim // 16 if kv_dtype == torch.int8 else head_dim
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: torch.dtype) -> int:
+    """K and V of one token across all layers."""
+    element = torch.tensor([], dtype=kv_dtype).element_size()
+    return 2 * num_layers * num_kv_heads * kv_row_width(head_dim, kv_dtype) * element
+
+
 def kv_bytes_per_block(
     num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> int:
-    return (
-        2 * num_layers * block_size * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+    return block_size * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+
+
+def uses_per_row_attention(model: DecoderForCausalLM, invariant: bool, device: torch.device) -> bool:
+    """Every token attends as a decode row through the one native kernel: a token's attention
+    is then the same whatever chunk, cache hit or batch it comes in (the invariant mode;
+    ops/attention.py). The CUDA backend (ops/gpu_layers.py) takes every token as a row too."""
+    backend = getattr(getattr(model.layers[0], "self_attn", None), "backend", None)
+    return getattr(backend, "per_row", False) or (
+        invariant and device.type == "cpu" and per_row_attention_available()
+    )
+
+
+def resolve_kv_dtype(
+    choice: str, model: DecoderForCausalLM, invariant: bool, device: torch.device | str, dtype: torch.dtype
+) -> torch.dtype:
+    """The KV cache's element for --kv-cache-dtype `choice`. The invariant attention kernel
+    keeps fp16 (as llama.cpp's: 3 more mantissa bits than bf16, the same bytes) or int8 (q8_0);
+    the other kernels the model's dtype. A choice the model's kernels do not have is refused."""
+    device = torch.device(device)
+    native = invariant and device.type == "cpu" and uses_per_row_attention(model, invariant, device)
+    own = torch.float16 if native else dtype
+    wanted = {"auto": own, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}[choice]
+    if wanted == own:
+        return own
+    if wanted == torch.int8 and native:
+        head_dim = model.config.head_dim
+        if head_dim % 32:
+            raise ModelLoadError(
+                f"--kv-cache-dtype int8 needs a head dim that is a multiple of 32, not {head_dim}"
+            )
+        return torch.int8
+    where = (
+        "the invariant attention kernel"
+        if native
+        else f"this model's attention ({device.type}, numerics fast)"
+    )
+    takes = "fp16 or int8" if native else str(own).removeprefix("torch.")
+    raise ModelLoadError(
+        f"--kv-cache-dtype {choice}: {where} keeps a {takes} KV cache"
+        + ("" if native else "; int8 needs the invariant kernels (--numerics invariant on a CPU)")
     )
 
 
@@ -101,7 +153,9 @@ class ModelRunner:
         device: torch.device | str = "cpu",
         invariant: bool = False,
         max_model_len: int | None = None,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
+        """`kv_dtype`: the KV cache's element (resolve_kv_dtype; None: the kernels' own)."""
         self.model = model
         self.max_model_len = max_model_len or num_blocks * block_size
         self.invariant = invariant
@@ -109,14 +163,8 @@ class ModelRunner:
         self.dtype = dtype
         self.device = torch.device(device)
         cfg = model.config
-        # every token attends as a decode row (its own context up to itself) through the one
-        # native kernel: a token's attention is then the same whatever chunk, cache hit or
-        # batch it comes in (the invariant mode; ops/attention.py)
-        # (the CUDA backend, ops/gpu_layers.py, takes every token as a row too: one kernel)
         backend = getattr(getattr(model.layers[0], "self_attn", None), "backend", None)
-        self.per_row_attention = getattr(backend, "per_row", False) or (
-            invariant and self.device.type == "cpu" and per_row_attention_available()
-        )
+        self.per_row_attention = uses_per_row_attention(model, invariant, self.device)
         # the last layer runs for the rows the step reads alone (AttentionMetadata.keep): the
         # CPU's per-row kernel and a model whose forward honours it
         self._prunes_last_layer = (
@@ -126,12 +174,11 @@ class ModelRunner:
             and isinstance(backend, CpuPagedAttention)
             and type(model).forward is DecoderForCausalLM.forward
         )
-        # that kernel's KV cache is float16, as llama.cpp's (3 more mantissa bits than bf16,
-        # the same bytes); its queries and output float32
-        self.kv_dtype = torch.float16 if self.per_row_attention and invariant else dtype
+        self.kv_dtype = kv_dtype or resolve_kv_dtype("auto", model, invariant, self.device, dtype)
         # one extra block at the end: scratch space for compile warm-up rows and padded tables
         self.scratch_block = num_blocks
-        shape = (cfg.num_layers, (num_blocks + 1) * block_size, cfg.num_kv_heads, cfg.head_dim)
+        width = kv_row_width(cfg.head_dim, self.kv_dtype)
+        shape = (cfg.num_layers, (num_blocks + 1) * block_size, cfg.num_kv_heads, width)
         # one K and one V tensor for all layers; each layer works on its own view
         self.k_all = _zeros(shape, self.kv_dtype, self.device)
         self.v_all = _zeros(shape, self.kv_dtype, self.device)

@@ -95,6 +95,7 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "compiled_graphs": info.compiled_graphs,
             "kernels": info.kernels,
             "deterministic": info.deterministic,
+            "kv_cache": info.kv_cache,
             # /v1/embeddings of a chat model: its last hidden states, mean-pooled (null: unloaded)
             "embeddings": info.pooling is not None,
             "embedding_dimensions": info.dimensions,
@@ -107,6 +108,8 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
         "owned_by": "argosy",
         "max_model_len": info.context_length,
         "n_ctx": info.context_length,  # the reference's name (llama.cpp's) for the same length
+        # K and V bytes of one token (--kv-cache-dtype int8: 0.53x fp16's); null: not loaded
+        "kv_bytes_per_token": None if info.kv_cache is None else info.kv_cache["bytes_per_token"],
         "capabilities": capabilities,
     }
 

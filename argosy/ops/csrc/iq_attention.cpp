@@ -13,6 +13,13 @@
 //   m = max s_j;  p_j = exp_argosy(s_j - m);
 //   l = tree16(lane i: sum over j with j - s = i mod 16, j in order)
 //   out[d] = (fma over j in order of p_j * v_j[d]) * (1 / l)
+// The caches may instead be int8 (--kv-cache-dtype int8, as llama.cpp's q8_0 cache): per slot and
+// KV head a row of D codes then D / 32 float16 scales, one per 32 dims (int8 [slots, KVH, D + D /
+// 16], D a multiple of 32); k and v then come float32 and are written as d = fp16(max|x| / 127),
+// code = clamp(round-half-even(x / float(d)), -127, 127) (all 0 when d is 0): the row's own
+// values only. A position's K or V value is float(code) * float(d), exact in fp32 (an 8-bit
+// integer times an 11-bit significand), so every path reads the same values and the arithmetic
+// below is unchanged.
 // tree16(a) = ((a0 + a2) + (a1 + a3)) + ((a4 + a6) + (a5 + a7)) + ... (tree16 in iq_common.h),
 // exp_argosy uses only +, -, * and round-to-nearest (no fma), and the max is exact in any order.
 // A lane's chain starts from 0 (scalar: fma(q, k, 0)) or from the plain product (vector): the
@@ -53,8 +60,11 @@ constexpr int kLanes = 16;
 
 struct Rows {  // what every path needs of one call
   const float* q;           // fp32 [T, H, D]
-  const uint16_t* k_cache;  // fp16 [slots, KVH, D]
+  const uint16_t* k_cache;  // fp16 [slots, KVH, D], or nullptr (int8 caches)
   const uint16_t* v_cache;
+  const int8_t* k8;  // int8 [slots, KVH, D + D / 16], or nullptr (fp16 caches)
+  const int8_t* v8;
+  int64_t row_width;  // a slot's row of one KV head, in the cache's elements: D, or D + D / 16
   const int64_t* block_ids;  // [T, max_blocks]
   const int64_t* lens;       // [T]: a row sees positions [starts, lens)
   const int64_t* starts;     // [T]: 0, or where a sliding window begins
@@ -67,9 +77,24 @@ inline int64_t slot_at(const Rows& a, const int64_t* table, int64_t p) {
   return table[p / a.block_size] * a.block_size + p % a.block_size;
 }
 
+constexpr int64_t kQ8Group = 32;  // an int8 cache row's dims per scale
+
+inline float q8_scale(const int8_t* row, int64_t dim, int64_t group) {  // the row's group-th fp16 scale
+  uint16_t h;
+  std::memcpy(&h, row + dim + 2 * group, 2);
+  return half_to_float(h);
+}
+
+// K (v false) or V of kv head h at a slot, dim d, as fp32 (exact)
+inline float kv_at(const Rows& a, bool v, int64_t slot, int64_t h, int64_t d) {
+  if (a.k8 == nullptr) return half_to_float((v ? a.v_cache : a.k_cache)[(slot * a.kv_heads + h) * a.dim + d]);
+  const int8_t* row = (v ? a.v8 : a.k8) + (slot * a.kv_heads + h) * a.row_width;
+  return static_cast<float>(row[d]) * q8_scale(row, a.dim, d / kQ8Group);
+}
+
 // rows [r0, r1) share a block table; kv head h: the scalar statement of the arithmetic
 void attend_scalar(const Rows& a, int64_t r0, int64_t r1, int64_t h) {
-  const int64_t group = a.heads / a.kv_heads, dim = a.dim, stride = a.kv_heads * dim;
+  const int64_t group = a.heads / a.kv_heads, dim = a.dim;
   const int64_t* table = a.block_ids + r0 * a.max_blocks;
   std::vector<float> scores, acc(dim);
   float lanes[kLanes];
@@ -84,11 +109,11 @@ void attend_scalar(const Rows& a, int64_t r0, int64_t r1, int64_t h) {
         continue;
       }
       for (int64_t j = s0; j < n; ++j) {
-        const uint16_t* kr = a.k_cache + slot_at(a, table, j) * stride + h * dim;
+        const int64_t slot = slot_at(a, table, j);
         for (int l = 0; l < kLanes; ++l) {
           float s = 0.0f;
           for (int64_t c = 0; c < dim / kLanes; ++c)
-            s = std::fma(q[c * kLanes + l], half_to_float(kr[c * kLanes + l]), s);
+            s = std::fma(q[c * kLanes + l], kv_at(a, false, slot, h, c * kLanes + l), s);
           lanes[l] = s;
         }
         scores[j] = tree16(lanes) * a.scale;
@@ -103,8 +128,8 @@ void attend_scalar(const Rows& a, int64_t r0, int64_t r1, int64_t h) {
       const float inv = 1.0f / tree16(partial);
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = s0; j < n; ++j) {
-        const uint16_t* vr = a.v_cache + slot_at(a, table, j) * stride + h * dim;
-        for (int64_t d = 0; d < dim; ++d) acc[d] = std::fma(scores[j], half_to_float(vr[d]), acc[d]);
+        const int64_t slot = slot_at(a, table, j);
+        for (int64_t d = 0; d < dim; ++d) acc[d] = std::fma(scores[j], kv_at(a, true, slot, h, d), acc[d]);
       }
       for (int64_t d = 0; d < dim; ++d) dst[d] = acc[d] * inv;
     }
@@ -157,12 +182,12 @@ struct Tile {
   int64_t r0, r1, h;
 };
 
-// k_cache / v_cache element offsets of kv head h at positions [j0, j0 + count)
+// k_cache / v_cache (or k8 / v8) element offsets of kv head h at positions [j0, j0 + count)
 inline void offsets(const Rows& a, const int64_t* table, int64_t h, int64_t j0, int64_t count, int64_t* off) {
-  const int64_t stride = a.kv_heads * a.dim;
+  const int64_t stride = a.kv_heads * a.row_width;
   int64_t b = j0 / a.block_size, o = j0 % a.block_size;
   for (int64_t i = 0; i < count; ++i) {
-    off[i] = (table[b] * a.block_size + o) * stride + h * a.dim;
+    off[i] = (table[b] * a.block_size + o) * stride + h * a.row_width;
     if (++o == a.block_size) {
       o = 0;
       ++b;
@@ -269,12 +294,41 @@ inline int64_t v_index512(int64_t i, int c) {  // V's position i, dims 16c .. 16
 }
 
 // positions [j0, j0 + count) of kv head h (count <= kChunk) as one chunk: K^T (zero past count), then V
+// 16 values of an int8 cache row from dim d0 (a multiple of 16) as fp32: code * scale (exact)
+ARGOSY_ATTN512 inline __m512 load_q8_16(const int8_t* row, int64_t dim, int64_t d0) {
+  const __m512 codes = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d0))));
+  return _mm512_mul_ps(codes, _mm512_set1_ps(q8_scale(row, dim, d0 / kQ8Group)));
+}
+
+// chunk512 from int8 caches: 16 positions x 16 dims dequantized, transposed, at a time
+template <int C>
+ARGOSY_ATTN512 void chunk512_q8(const Rows& a, const int64_t* off, int64_t count, float* kt, float* vf) {
+  constexpr int64_t dim = C * kLanes;
+  if (kt != nullptr)
+    for (int64_t i0 = 0; i0 < kChunk; i0 += kLanes)
+      for (int64_t d0 = 0; d0 < dim; d0 += kLanes) {
+        __m512 r[kLanes];
+#pragma GCC unroll 16
+        for (int i = 0; i < kLanes; ++i)
+          r[i] = i0 + i >= count ? _mm512_setzero_ps() : load_q8_16(a.k8 + off[i0 + i], dim, d0);
+        transpose16(r);  // r[e]: dim d0 + e of the 16 positions
+        float* block = kt + i0 * dim;
+#pragma GCC unroll 16
+        for (int e = 0; e < kLanes; ++e) _mm512_store_ps(block + (d0 + e) * kLanes, r[e]);
+      }
+  if (vf != nullptr)
+    for (int64_t i = 0; i < count; ++i)
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) _mm512_store_ps(vf + v_index512<C>(i, c), load_q8_16(a.v8 + off[i], dim, c * kLanes));
+}
+
 template <int C>
 ARGOSY_ATTN512 void chunk512(const Rows& a, const int64_t* table, int64_t h, int64_t j0, int64_t count,
                              float* kt, float* vf) {
   constexpr int64_t dim = C * kLanes;
   int64_t off[kChunk];
   offsets(a, table, h, j0, count, off);
+  if (a.k8 != nullptr) return chunk512_q8<C>(a, off, count, kt, vf);
   if (kt != nullptr)  // 16 positions x 16 fp16 pairs (32 dims; 16 for the last of an odd C) at a time,
     for (int64_t i0 = 0; i0 < kChunk; i0 += kLanes)  // transposed as 32-bit words
       for (int64_t d0 = 0; d0 < dim; d0 += 2 * kLanes) {
@@ -545,12 +599,39 @@ ARGOSY_ATTN256 __attribute__((always_inline)) inline void transpose8(__m256* r) 
   }
 }
 
+// 8 values of an int8 cache row from dim d0 (a multiple of 8) as fp32: code * scale (exact)
+ARGOSY_ATTN256 inline __m256 load_q8_8(const int8_t* row, int64_t dim, int64_t d0) {
+  const __m256 codes = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + d0))));
+  return _mm256_mul_ps(codes, _mm256_set1_ps(q8_scale(row, dim, d0 / kQ8Group)));
+}
+
+// chunk256 from int8 caches: 8 positions x 8 dims dequantized, transposed, at a time
+template <int C>
+ARGOSY_ATTN256 void chunk256_q8(const Rows& a, const int64_t* off, int64_t count, float* kt, float* vf) {
+  constexpr int64_t dim = C * kLanes;
+  if (kt != nullptr)
+    for (int64_t i0 = 0; i0 < kChunk; i0 += kW8)
+      for (int64_t d0 = 0; d0 < dim; d0 += kW8) {
+        __m256 r[kW8];
+#pragma GCC unroll 8
+        for (int i = 0; i < kW8; ++i) r[i] = i0 + i < count ? load_q8_8(a.k8 + off[i0 + i], dim, d0) : _mm256_setzero_ps();
+        transpose8(r);  // r[e]: dim d0 + e of the 8 positions
+#pragma GCC unroll 8
+        for (int e = 0; e < kW8; ++e) _mm256_store_ps(kt + (d0 + e) * kChunk + i0, r[e]);
+      }
+  if (vf != nullptr)
+    for (int64_t i = 0; i < count; ++i)
+#pragma GCC unroll 16
+      for (int c = 0; c < 2 * C; ++c) _mm256_store_ps(vf + i * dim + c * kW8, load_q8_8(a.v8 + off[i], dim, c * kW8));
+}
+
 template <int C>
 ARGOSY_ATTN256 void chunk256(const Rows& a, const int64_t* table, int64_t h, int64_t j0, int64_t count,
                              float* kt, float* vf) {
   constexpr int64_t dim = C * kLanes;
   int64_t off[kChunk];
   offsets(a, table, h, j0, count, off);
+  if (a.k8 != nullptr) return chunk256_q8<C>(a, off, count, kt, vf);
   if (kt != nullptr)  // 8 positions x 8 fp16 pairs (16 dims) at a time, transposed as 32-bit words
     for (int64_t i0 = 0; i0 < kChunk; i0 += kW8)
       for (int64_t d0 = 0; d0 < dim; d0 += 2 * kW8) {
@@ -865,12 +946,58 @@ void run_tasks(int64_t count, const F& f) {
 
 }  // namespace attn
 
-// each row's K and V (fp16 [T, KVH, D]) at its slot of the caches
+// one row of one KV head (dim fp32 values) into an int8 cache row: codes, then a float16 scale
+// per 32 (the header's rule)
+void quantize_kv_row(const float* x, int64_t dim, int8_t* dst) {
+  for (int64_t g = 0; g < dim / attn::kQ8Group; ++g) {
+    const float* v = x + g * attn::kQ8Group;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < attn::kQ8Group; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const uint16_t d = c10::detail::fp16_ieee_from_fp32_value(amax / 127.0f);
+    const float df = half_to_float(d);
+    for (int64_t i = 0; i < attn::kQ8Group; ++i) {
+      const float code = df > 0.0f ? std::nearbyint(v[i] / df) : 0.0f;
+      dst[g * attn::kQ8Group + i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, code)));
+    }
+    std::memcpy(dst + dim + 2 * g, &d, 2);
+  }
+}
+
+bool int8_caches(const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  return k_cache.scalar_type() == at::kChar && v_cache.scalar_type() == at::kChar;
+}
+
+// each row's K and V (fp16 [T, KVH, D]; float32 for int8 caches) at its slot of the caches
 void write_rows(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
                 const at::Tensor& slots) {
+  if (int8_caches(k_cache, v_cache)) {
+    TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes() && k.scalar_type() == at::kFloat &&
+                    v.scalar_type() == at::kFloat,
+                "write_kv: float32 k and v for int8 caches");
+    const int64_t kv_heads = k.size(1), dim = k.size(2), width = dim + dim / 16;
+    TORCH_CHECK(dim % attn::kQ8Group == 0 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                    k_cache.dim() == 3 && k_cache.size(1) == kv_heads && k_cache.size(2) == width &&
+                    v_cache.sizes() == k_cache.sizes(),
+                "write_kv: int8 caches [slots, KV heads, dim + dim / 16] for k's dim, a multiple of 32");
+    TORCH_CHECK(slots.numel() == k.size(0), "write_kv: one slot a row");
+    auto kc = k.contiguous();
+    auto vc = v.contiguous();
+    auto sc = slots.to(at::kLong).contiguous();
+    const int64_t num_slots = k_cache.size(0);
+    for (int64_t r = 0; r < k.size(0); ++r) {
+      const int64_t slot = sc.data_ptr<int64_t>()[r];
+      TORCH_CHECK(slot >= 0 && slot < num_slots, "slot out of range");
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t src = (r * kv_heads + h) * dim, dst = (slot * kv_heads + h) * width;
+        quantize_kv_row(kc.data_ptr<float>() + src, dim, k_cache.data_ptr<int8_t>() + dst);
+        quantize_kv_row(vc.data_ptr<float>() + src, dim, v_cache.data_ptr<int8_t>() + dst);
+      }
+    }
+    return;
+  }
   TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes() && k.scalar_type() == at::kHalf && v.scalar_type() == at::kHalf &&
                   k_cache.scalar_type() == at::kHalf && v_cache.scalar_type() == at::kHalf,
-              "write_kv: float16 k, v and caches");
+              "write_kv: float16 k, v and caches (or float32 k, v and int8 caches)");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3 &&
                   k_cache.size(1) == k.size(1) && k_cache.size(2) == k.size(2) && v_cache.sizes() == k_cache.sizes(),
               "write_kv: caches [slots, KV heads, dim] like k");
@@ -900,14 +1027,19 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      at::Tensor& v_cache, const at::Tensor& slots, const at::Tensor& block_ids, const at::Tensor& mask,
                      int64_t block_size) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "attention: q, k, v must be [T, heads, D]");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kHalf && v.scalar_type() == at::kHalf &&
-                  k_cache.scalar_type() == at::kHalf && v_cache.scalar_type() == at::kHalf,
-              "attention: float32 q; float16 k, v and caches");
+  const bool q8 = int8_caches(k_cache, v_cache);
+  TORCH_CHECK(q.scalar_type() == at::kFloat &&
+                  (q8 ? k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat
+                      : k.scalar_type() == at::kHalf && v.scalar_type() == at::kHalf && k_cache.scalar_type() == at::kHalf &&
+                            v_cache.scalar_type() == at::kHalf),
+              "attention: float32 q; float16 k, v and caches, or float32 k, v and int8 caches");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "attention: caches must be contiguous");
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k.size(1);
   TORCH_CHECK(heads % kv_heads == 0 && dim % attn::kLanes == 0 && (dim <= 128 || dim == 256),
               "attention: heads a multiple of KV heads, head dim a multiple of 16 up to 128, or 256");
-  TORCH_CHECK(k_cache.size(1) == kv_heads && k_cache.size(2) == dim, "attention: cache shape");
+  const int64_t row_width = q8 ? dim + dim / 16 : dim;
+  TORCH_CHECK(k_cache.size(1) == kv_heads && k_cache.size(2) == row_width && (!q8 || dim % attn::kQ8Group == 0),
+              "attention: cache shape");
   const int64_t ctx = mask.size(-1);
   TORCH_CHECK(ctx % block_size == 0 && block_ids.numel() == rows * (ctx / block_size),
               "attention: block table and mask disagree");
@@ -932,8 +1064,11 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   }
   auto out = at::empty({rows, heads * dim}, q.options());
   attn::Rows a{qc.data_ptr<float>(),
-               reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::Half>()),
-               reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::Half>()),
+               q8 ? nullptr : reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::Half>()),
+               q8 ? nullptr : reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::Half>()),
+               q8 ? k_cache.data_ptr<int8_t>() : nullptr,
+               q8 ? v_cache.data_ptr<int8_t>() : nullptr,
+               row_width,
                table,
                lens.data(),
                starts.data(),
