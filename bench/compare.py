@@ -102,6 +102,9 @@ def metrics_for(workloads: Workloads) -> list[Metric]:
         Metric("shared_prefix_ttft_p95_ms", "Shared prefix: TTFT p95 (ms)", False, 0),
         Metric("serving_rss_mib", "Peak RSS of the server process tree while serving (MiB)", False, 0),
         Metric("peak_rss_mib", "Peak RSS of the server process tree, start-up included (MiB)", False, 0),
+        Metric(
+            "long_tok_s", f"Single stream after a ~{workloads.long_context_tokens}-tok prompt (tok/s)", True
+        ),
         Metric("other_cpu_percent", "Noise: CPU used by other processes meanwhile (% of machine)", None, 0),
     ]
     return rows
@@ -374,7 +377,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--peers",
         default=",".join(ALL_SYSTEMS),
-        help=f"comma list from {ALL_SYSTEMS}, and argosy-draft, argosy-draft-ngram, llama-server-draft (--draft-model)",
+        help=f"comma list from {ALL_SYSTEMS}, argosy-kv8, llama-server-kv8, and the *-draft systems (--draft-model)",
     )
     parser.add_argument("--skip-build", action="store_true", help="never build; peers not built are skipped")
     parser.add_argument(
@@ -401,6 +404,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds one workload repetition may take (default 600, --quick 45)",
     )
     parser.add_argument("--draft-model", help="the *-draft systems' draft model (a registry name or .gguf)")
+    parser.add_argument("--long-context", type=int, default=0, help="> 0: the long workload's prompt tokens")
     parser.add_argument("--note", default="", help="free text for the table header")
     parser.add_argument("--out", type=Path, help="Markdown file (default bench/results/compare-<time>.md)")
     args = parser.parse_args(argv)
@@ -419,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ["HF_HUB_OFFLINE"] = "1"
     workloads = Workloads.quick() if args.quick else Workloads()
+    workloads.long_context_tokens = args.long_context
     if args.repetitions is not None:
         workloads.repetitions = args.repetitions
     load_before = os.getloadavg()

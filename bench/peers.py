@@ -108,6 +108,13 @@ def _llama_server_draft_command(ctx: LaunchContext) -> list[str]:
     return [*_llama_server_command(ctx), "-md", str(ctx.draft.gguf_path), "-td", str(ctx.threads)]
 
 
+def _llama_server_kv8_command(ctx: LaunchContext) -> list[str]:
+    """One slot of 8,192 tokens (the long workload's prompt fits) over a q8_0 KV cache."""
+    command = _llama_server_command(ctx)
+    command[command.index("-np") + 1], command[command.index("-c") + 1] = "1", "8192"
+    return [*command, "-ctk", "q8_0", "-ctv", "q8_0"]
+
+
 def _llama_server_command(ctx: LaunchContext) -> list[str]:
     return [
         str(peer_builds.llama_server_binary()), "-m", str(ctx.model.gguf_path),
@@ -202,6 +209,26 @@ SERVERS: dict[str, ServerSpec] = {
         needs_slots=True,
         workloads=("single", "code", "grounded"),
         note="llama-server with the same draft model (-md, its default draft settings); single-stream only",
+    ),
+    "argosy-kv8": ServerSpec(
+        name="argosy-kv8",
+        label="Argosy, --kv-cache-dtype int8",
+        build=None,
+        command=_argosy_command(["--kv-cache-dtype", "int8"]),
+        request_model=lambda model: model.name,
+        request_overrides=_ignore_eos,
+        workloads=("single", "long", "concurrency_8"),
+        note="Argosy (default mode) over an int8 (q8_0) KV cache",
+    ),
+    "llama-server-kv8": ServerSpec(
+        name="llama-server-kv8",
+        label="llama-server -ctk/-ctv q8_0",
+        build="llama-server",
+        command=_llama_server_kv8_command,
+        request_model=lambda model: model.name,
+        request_overrides=_ignore_eos,
+        workloads=("single", "long"),
+        note="llama-server over a q8_0 KV cache (-ctk q8_0 -ctv q8_0), one 8,192-token slot; single streams only",
     ),
     "argosy-bf16": ServerSpec(
         name="argosy-bf16",

@@ -118,6 +118,9 @@ class Workloads:
     shared_prefix_requests: int = 32
     shared_prefix_concurrency: int = 8
     shared_prefix_max_tokens: int = 16
+    long_context_tokens: int = (
+        0  # > 0: the "long" workload, one stream decoding after this many prompt tokens
+    )
     seed: int = 0
 
     @classmethod
@@ -136,6 +139,7 @@ class Workloads:
             ["single", "code", "grounded", "prefill"]
             + [f"concurrency_{n}" for n in self.concurrency_levels]
             + ["shared_prefix"]
+            + (["long"] if self.long_context_tokens else [])
         )
 
 
@@ -315,6 +319,8 @@ class WorkloadRunner:
             return await self.concurrency(client, int(name.removeprefix("concurrency_")), repetition)
         if name == "shared_prefix":
             return await self.shared_prefix(client, repetition)
+        if name == "long":
+            return await self.long(client, repetition)
         raise ValueError(f"unknown workload {name!r}")
 
     async def single(self, client: Client, repetition: int) -> dict[str, float]:
@@ -353,6 +359,23 @@ class WorkloadRunner:
         if result.spec_proposed:
             figures[f"{name}_accept_pct"] = 100.0 * result.spec_accepted / result.spec_proposed
         return figures
+
+    async def long(self, client: Client, repetition: int) -> dict[str, float]:
+        """One stream's decode rate after a long prompt (each step attends over the whole
+        context: what a KV cache's element costs): `long_tok_s`."""
+        key = ("long", repetition)
+        if key not in self._prompt_cache:
+            text = filler_text(
+                self._rng("long", repetition), self.counter, self.workloads.long_context_tokens
+            )
+            self._prompt_cache[key] = [{"role": "user", "content": text + "\nContinue the text above."}]
+        messages = self._prompt_cache[key]
+        result = _require_ok(await client.chat(messages, self.workloads.decode_tokens, repetition), "long")
+        assert result.ttft_s is not None and result.last_token_s is not None
+        span_s = result.last_token_s - result.ttft_s
+        if result.num_completion_tokens < 2 or span_s <= 0:
+            return {}
+        return {"long_tok_s": (result.num_completion_tokens - 1) / span_s}
 
     async def prefill(self, client: Client, repetition: int) -> dict[str, float]:
         key = ("prefill", repetition)
