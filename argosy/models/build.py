@@ -36,6 +36,7 @@ from argosy.ops.devices import out_of_memory
 from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
 from argosy.ops.quantized_linear import (
     BatchSwitchLinear,
+    BlockCodes,
     CodesEmbedding,
     Int4Linear,
     Int8Linear,
@@ -283,6 +284,44 @@ def _head_rows(model: DecoderForCausalLM, files: list[Path]) -> Callable[[int, i
     return file_rows(files, ["model.embed_tokens.weight" if tied else "lm_head.weight"])
 
 
+def _head_codes(model: DecoderForCausalLM, source: ModelSource) -> BlockCodes | None:
+    """The output head's own codes in the converted GGUF's codes file, read alone; None where
+    there are none."""
+    codes_file = Path(source.weights_dir) / BLOCKS_FILE
+    if not codes_file.exists():
+        return None
+    tied = model.lm_head.weight is model.embed_tokens.weight
+    name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    with safe_open(str(codes_file), framework="pt") as f:
+        wanted = {key: f.get_tensor(key) for key in f.keys() if key.startswith(f"{name}.")}  # noqa: SIM118
+    return block_codes_of(wanted, [name])
+
+
+def _fast_head(
+    model: DecoderForCausalLM,
+    source: ModelSource,
+    files: list[Path],
+    dtype: torch.dtype,
+    max_int4_rows: int | None,
+) -> None:
+    """The fast numerics' output head. Where the invariant kernels build, theirs: the file's own
+    codes (or its Q8_0-style codes), x in the fine form, fp32 logits (bench/quality.py, fast
+    mode KL to the fp32 reference: SmolLM2 2.05e-3 -> 5.0e-4; its int8-per-channel or bf16 head
+    was most of it). Else an int8 head per channel (max_int4_rows given: beside a Q4 model's
+    blocks) or the float one. float32 asks for precision: its head stays exact."""
+    if dtype == torch.float32:
+        return
+    if invariant_qlinear(dtype):
+        head_rows, head_codes = _head_rows(model, files), _head_codes(model, source)
+        apply_int8_head(
+            model, dtype, invariant=True, float_output=True, weight_rows=head_rows, blocks=head_codes
+        )
+    elif max_int4_rows is not None:
+        # the native int8 kernel serves any number of rows (2+; torch's serves one): no float
+        # twin of the head (57 MB of SmolLM2's peak memory)
+        apply_int8_head(model, dtype, 0 if native_qlinear(dtype) else max_int4_rows, float_output=True)
+
+
 def _quantize(
     model: DecoderForCausalLM,
     source: ModelSource,
@@ -318,26 +357,17 @@ def _quantize(
         if invariant:  # the rest: their own codes, else int8, so every layer runs the kernels
             count += apply_blocks(model, own_codes, dtype)
             count += apply_int8(model, dtype, invariant, rows_of)
-        elif dtype != torch.float32:  # float32 asks for precision: its head stays exact
-            # the native int8 kernel serves any number of rows (2+; torch's serves one): no
-            # float twin of the head (57 MB of SmolLM2's peak memory)
-            if invariant_qlinear(dtype):
-                # the invariant kernels' head here too: the file's codes (Q8_0: exactly), x in the
-                # fine form, fp32 logits (bench/quality.py, SmolLM2 fast mode: KL 2.05e-3 -> 5.1e-4)
-                head_rows = _head_rows(model, files)
-                apply_int8_head(model, dtype, invariant=True, float_output=True, weight_rows=head_rows)
-            else:
-                apply_int8_head(
-                    model, dtype, 0 if native_qlinear(dtype) else max_int4_rows, float_output=True
-                )
+        else:
+            _fast_head(model, source, files, dtype, max_int4_rows)
     elif mode == "int4":
         raise ModelLoadError(
             "int4 uses a GGUF file's own blocks (Q4_0 ... Q6_K); this model has none (try int8)"
         )
     elif invariant:  # auto without 4-bit blocks: int8, which the invariant kernels serve
         count = apply_int8(model, dtype, invariant, rows_of)
-    else:
-        return  # auto without 4-bit blocks: keep the float weights
+    else:  # auto without 4-bit blocks: keep the float weights (the head as the fast mode's)
+        _fast_head(model, source, files, dtype, None)
+        return
     if invariant:  # the head on the same kernels, its logits in float32
         tied = model.lm_head.weight is model.embed_tokens.weight
         head_rows = _head_rows(model, files)

@@ -126,7 +126,8 @@ class DecodeGraph(nn.Module):
         masks: dict[int | None, torch.Tensor] = {None: mask}  # a sliding window's, made once a step
         for i, module in enumerate(model.layers):
             layer = cast(DecoderLayer, module)  # Llama's, or a model's own with the same two methods
-            attend = functools.partial(self._attend, k_all[i], v_all[i], slots, block_ids, masks)
+            scale = layer.self_attn.k_channel_scale
+            attend = functools.partial(self._attend, k_all[i], v_all[i], slots, block_ids, masks, scale)
             attention = functools.partial(layer.self_attn.attend_with, cos=cos, sin=sin, attend=attend)
             x = layer.forward_with(x, attention)
         return model.compute_logits(model.norm(x))
@@ -138,6 +139,7 @@ class DecodeGraph(nn.Module):
         slots: torch.Tensor,
         block_ids: torch.Tensor,
         masks: dict[int | None, torch.Tensor],
+        k_channel_scale: torch.Tensor | None,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
@@ -145,7 +147,7 @@ class DecodeGraph(nn.Module):
     ) -> torch.Tensor:
         """One layer's heads: the new K/V written at the slots, then each row over its blocks
         (a sliding-window layer's mask narrowed as AttentionMetadata.windowed narrows eager's)."""
-        q, k, v = cast_for_cache(q, k, v, k_cache.dtype, self.invariant)
+        q, k, v = cast_for_cache(q, k, v, k_cache.dtype, self.invariant, k_channel_scale)
         if window is not None and window not in masks:
             masks[window] = window_mask(masks[None], window)
         return cast(

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch import nn
 
 from argosy.engine.outputs import TokenLogprob
 from argosy.engine.scheduler import ScheduledRequest, SchedulerOutput
 from argosy.engine.sequence import Sequence
 from argosy.errors import ModelLoadError
-from argosy.models.llama import DecoderForCausalLM
+from argosy.models.llama import Attention, DecoderForCausalLM, kv8_channel_scale
 from argosy.ops.attention import (
     AttentionMetadata,
     ContextBatch,
@@ -100,6 +101,16 @@ def kv_bytes_per_block(
     return block_size * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
 
 
+def fused_bias(layer: nn.Module) -> torch.Tensor | None:
+    """A projection's bias, a fused layer split by format (PartsLinear) its parts' together."""
+    parts = getattr(layer, "parts", None)
+    if parts is not None:
+        biases = [getattr(part, "bias", None) for part in parts]
+        return None if any(b is None for b in biases) else torch.cat(biases)  # type: ignore[arg-type]
+    bias = getattr(layer, "bias", None)
+    return bias if isinstance(bias, torch.Tensor) else None
+
+
 def uses_per_row_attention(model: DecoderForCausalLM, invariant: bool, device: torch.device) -> bool:
     """Every token attends as a decode row through the one native kernel: a token's attention
     is then the same whatever chunk, cache hit or batch it comes in (the invariant mode;
@@ -175,6 +186,17 @@ class ModelRunner:
             and type(model).forward is DecoderForCausalLM.forward
         )
         self.kv_dtype = kv_dtype or resolve_kv_dtype("auto", model, invariant, self.device, dtype)
+        if self.kv_dtype == torch.int8:
+            for layer in model.layers:
+                attention = getattr(layer, "self_attn", None)
+                if isinstance(attention, Attention):
+                    bias = fused_bias(attention.qkv_proj)
+                    k_bias = (
+                        None
+                        if bias is None
+                        else bias[attention.q_size : attention.q_size + attention.kv_size]
+                    )
+                    attention.k_channel_scale = kv8_channel_scale(k_bias, cfg.num_kv_heads, cfg.head_dim)
         # one extra block at the end: scratch space for compile warm-up rows and padded tables
         self.scratch_block = num_blocks
         width = kv_row_width(cfg.head_dim, self.kv_dtype)

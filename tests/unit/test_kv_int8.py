@@ -218,3 +218,27 @@ def test_an_int8_cache_is_refused_where_its_kernel_does_not_run(tiny_qwen3, tiny
         invariant_engine(tiny_qwen2, "int8")  # head dim 16
     with pytest.raises(ModelLoadError, match="bf16: the invariant attention kernel keeps a fp16 or int8"):
         invariant_engine(tiny_qwen3, "bf16")
+
+
+def test_large_k_biases_get_a_power_of_two_channel_scale_that_keeps_q_dot_k() -> None:
+    from argosy.models.llama import cast_for_cache, kv8_channel_scale
+
+    bias = torch.zeros(2 * 64)
+    bias[31], bias[63] = 145.0, -3.0  # a RoPE pair (31, 63) of KV head 0: both channels scaled
+    bias[64 + 5] = 17.0  # KV head 1, pair (5, 37)
+    bias[64 + 6] = 16.0  # at the threshold: not scaled
+    scale = kv8_channel_scale(bias, 2, 64)
+    assert scale is not None and scale.shape == (2, 64)
+    assert scale[0, 31] == scale[0, 63] == 16.0 and scale[1, 5] == scale[1, 37] == 2.0
+    assert int((scale != 1.0).sum()) == 4
+    assert kv8_channel_scale(torch.full((128,), 3.0), 2, 64) is None
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(3, 8, 64, generator=gen),
+        torch.randn(3, 2, 64, generator=gen),
+        torch.randn(3, 2, 64, generator=gen),
+    )
+    qs, ks, vs = cast_for_cache(q, k, v, torch.int8, True, scale)
+    assert torch.equal(vs, v) and not torch.equal(ks, k)
+    # per channel, (q s)(k / s) == q k exactly: the scores' products are the unscaled ones
+    assert torch.equal(qs * ks.repeat_interleave(4, dim=1), q * k.repeat_interleave(4, dim=1))
