@@ -127,6 +127,8 @@ def phases_for(spec: peers.ServerSpec, workload_names: list[str]) -> list[tuple[
     """(slots, workloads) per server start: llama-server restarts with -np 32 for c=32."""
     if spec.workloads is not None:
         workload_names = [name for name in workload_names if name in spec.workloads]
+    elif spec.build is not None:  # a peer's default slots hold 2,048 tokens: "long" where it is named
+        workload_names = [name for name in workload_names if name != "long"]
     if not spec.needs_slots:
         return [(BASE_SLOTS, workload_names)] if workload_names else []
     by_slots: dict[int, list[str]] = {}
