@@ -753,9 +753,123 @@ void q8_vector(const QuantizedRows& xr, const std::vector<int32_t>& start, int64
   });
 }
 
+// -- AMX-INT8: q8 steps of 16 rows or more ------------------------------------------------------
+//
+// The codes' layout is already a B tile's: a weight group of 32 k is 8 rows of 64 bytes (4
+// consecutive k of 16 outputs), loaded in place. Signed codes times signed x (tdpbssd) give the
+// integer dot q . xq itself (no bias, no start); then the same fp32 steps as the vector paths:
+// the same bits. (The fine form: a second A tile of x's lo bytes, 128 hi + lo.)
+
+constexpr int64_t kQ8AmxMinRows = 16;
+
+template <int H>
+ARGOSY_AMX inline void q8_amx_configure() {
+  AmxConfig cfg;
+  cfg.rows[0] = 16, cfg.colsb[0] = 64;      // C: 16 rows x 16 int32
+  cfg.rows[1] = 16, cfg.colsb[1] = 32 / H;  // A: 16 rows x one weight group of x
+  cfg.rows[2] = 8 / H, cfg.colsb[2] = 64;   // B: its 8 / H quads of k
+  cfg.rows[3] = 16, cfg.colsb[3] = 32 / H;  // the fine form's lo bytes, and their sums
+  cfg.rows[4] = 16, cfg.colsb[4] = 64;
+  asm volatile("" : : "r"(&cfg) : "memory");  // GCC does not see ldtilecfg read it
+  _tile_loadconfig(&cfg);
+}
+
+ARGOSY_AMX inline __m512 amx_scales16(const float* p) { return _mm512_loadu_ps(p); }
+ARGOSY_AMX inline __m512 amx_scales16(const uint16_t* p) {  // exact
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// tiles [t0, t1) x every row; xp (xlp): x's codes (lo bytes) padded to a multiple of 16 rows
+template <int H, bool Mins, typename S, bool Fine>
+ARGOSY_AMX void q8_amx(const QuantizedRows& xr, const int8_t* xp, const int8_t* xlp, int64_t rows, int64_t groups,
+                       const Q8Weight<S>& wt, int64_t t0, int64_t t1, const Output& out) {
+  const int64_t k = groups * kGroup;
+  alignas(64) int32_t dots[16 * 16];
+  alignas(64) int32_t dots_lo[16 * 16];
+  alignas(64) float res[16 * 16];
+  q8_amx_configure<H>();
+  for (int64_t t = t0; t < t1; ++t) {
+    const int8_t* codes = wt.codes + t * k * kTile;
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+      const int64_t nr = std::min<int64_t>(16, rows - r0);
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* dx = xr.dx.data() + r0 * groups + g;
+        for (int hg = 0; hg < H; ++hg) {
+          const int64_t at = r0 * k + g * kGroup + hg * (kGroup / H);
+          _tile_zero(0);
+          _tile_loadd(1, xp + at, k);
+          _tile_loadd(2, codes + (g * 8 + hg * (8 / H)) * 64, 64);
+          _tile_dpbssd(0, 1, 2);
+          if constexpr (Fine) {  // both products issued before either is stored
+            _tile_zero(4);
+            _tile_loadd(3, xlp + at, k);
+            _tile_dpbssd(4, 3, 2);
+          }
+          _tile_stored(0, dots, 64);
+          if constexpr (Fine) _tile_stored(4, dots_lo, 64);
+          ARGOSY_MEMORY_BARRIER();
+          const __m512 sc = amx_scales16(wt.scales + ((t * groups + g) * H + hg) * kTile);
+#pragma GCC unroll 16
+          for (int r = 0; r < 16; ++r) {
+            if (r >= nr) break;
+            __m512i dot = _mm512_load_si512(dots + 16 * r);
+            if constexpr (Fine)
+              dot = _mm512_add_epi32(_mm512_slli_epi32(dot, kFineShift), _mm512_load_si512(dots_lo + 16 * r));
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(sc, _mm512_set1_ps(dx[r * groups])), _mm512_cvtepi32_ps(dot), acc[r]);
+          }
+        }
+        if constexpr (Mins) {
+          const __m512 m = amx_scales16(wt.mins + (t * groups + g) * kTile);
+          const float* ux = xr.ux.data() + r0 * groups + g;
+#pragma GCC unroll 16
+          for (int r = 0; r < 16; ++r) {
+            if (r >= nr) break;
+            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(ux[r * groups]), acc[r]);
+          }
+        }
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r)
+        if (r < nr) _mm512_store_ps(res + 16 * r, acc[r]);
+      for (int64_t r = 0; r < nr; ++r) out.put(r0 + r, t * kTile, res + 16 * r, kTile);
+    }
+  }
+  _tile_release();
+}
+
+template <int H, bool Mins, typename S, bool Fine>
+void q8_amx_run(const QuantizedRows& xr, int64_t rows, int64_t groups, int64_t tiles, const Q8Weight<S>& wt,
+                const Output& o) {
+  const int64_t k = groups * kGroup, padded_rows = (rows + 15) / 16 * 16;
+  std::vector<int8_t> xp(static_cast<size_t>(padded_rows * k), 0), xlp;
+  std::memcpy(xp.data(), xr.q.data(), xr.q.size());
+  if constexpr (Fine) {
+    xlp.assign(xp.size(), 0);
+    std::memcpy(xlp.data(), xr.lo.data(), xr.lo.size());
+  }
+  const int64_t grain = std::max<int64_t>(1, tiles / (4 * at::get_num_threads()));
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    q8_amx<H, Mins, S, Fine>(xr, xp.data(), xlp.data(), rows, groups, wt, t0, t1, o);
+  });
+}
+
 template <bool Fine, typename S>
 void q8_forms(const QuantizedRows& xr, const std::vector<int32_t>& start, int64_t rows, int64_t groups, int64_t tiles,
               int64_t path, const Q8Weight<S>& wt, const Output& o, bool mins) {
+  if (path == kAmx && rows >= kQ8AmxMinRows) {
+    if (wt.h == 2 && mins)
+      q8_amx_run<2, true, S, Fine>(xr, rows, groups, tiles, wt, o);
+    else if (wt.h == 2)
+      q8_amx_run<2, false, S, Fine>(xr, rows, groups, tiles, wt, o);
+    else if (mins)
+      q8_amx_run<1, true, S, Fine>(xr, rows, groups, tiles, wt, o);
+    else
+      q8_amx_run<1, false, S, Fine>(xr, rows, groups, tiles, wt, o);
+    return;
+  }
   if (wt.h == 2 && mins)
     q8_vector<2, true, S, Fine>(xr, start, rows, groups, tiles, path, wt, o);
   else if (wt.h == 2)
