@@ -39,13 +39,8 @@ from argosy.ops.memory import release_free_memory
 from argosy.ops.native import native_ops_path
 from argosy.runner.compiled import compiled_graph_count
 from argosy.runner.draft_model import ChainProposer, DraftModelProposer, make_proposer
-from argosy.runner.model_runner import (
-    ModelRunner,
-    StepResult,
-    kv_bytes_per_block,
-    kv_bytes_per_token,
-    resolve_kv_dtype,
-)
+from argosy.runner.kv_cache import kv_bytes_per_block, kv_bytes_per_token, resolve_kv_dtype
+from argosy.runner.model_runner import ModelRunner, StepResult
 from argosy.runner.spec_decode import Verified
 from argosy.runner.structured import TokenGuide
 from argosy.sampling_params import SamplingParams

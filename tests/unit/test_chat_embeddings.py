@@ -19,7 +19,7 @@ from argosy.config import ModelSpec
 from argosy.engine.async_engine import AsyncEngine
 from argosy.engine.llm_engine import LLMEngine
 from argosy.errors import ContextLengthExceededError, InvalidRequestError
-from argosy.runner.model_runner import kv_bytes_per_block
+from argosy.runner.kv_cache import kv_bytes_per_block
 from argosy.runner.pooler import MeanPooler
 from argosy.sampling_params import SamplingParams
 from tests.unit.conftest import TINY_VOCAB, TinyModel

@@ -24,7 +24,8 @@ from argosy.ops.native import load_native_ops
 from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
 from argosy.ops.quantized_linear import BatchSwitchLinear
 from argosy.runner.compiled import paged_decode_attention
-from argosy.runner.model_runner import ModelRunner, kv_bytes_per_block
+from argosy.runner.kv_cache import kv_bytes_per_block
+from argosy.runner.model_runner import ModelRunner
 from argosy.sampling_params import SamplingParams
 from tests.unit.conftest import TinyModel
 from tests.unit.test_engine import assert_all_blocks_free, greedy, prompt, run

@@ -24,7 +24,7 @@ from argosy.engine.async_engine import AsyncEngine
 from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.sequence import Sequence
 from argosy.errors import InvalidRequestError
-from argosy.runner.model_runner import kv_bytes_per_block
+from argosy.runner.kv_cache import kv_bytes_per_block
 from argosy.runner.sampler import Sampler, SamplingRow
 from argosy.runner.spec_decode import NgramProposer, find_draft, verify_batch, walk_draft
 from argosy.sampling_params import RequestSampling, SamplingParams
