@@ -24,6 +24,7 @@ from typing import Any
 
 from argosy.commands.cli import EXAMPLES, add_client_commands, client_command
 from argosy.config import EngineConfig, ModelSpec, OperatorSampling, ServerConfig
+from argosy.core.adapter_names import lora_pairs, with_adapters
 from argosy.core.keys import key_ring
 from argosy.errors import ArgosyError
 from argosy.ops.devices import resolve_device
@@ -34,6 +35,7 @@ _FLAG_NAMES = {
     "num_threads": "--threads",
     "enable_prefix_caching": "--no-prefix-cache",
     "served_model_name": "--served-model-name",
+    "loras": "--lora",
 }
 _BYTE_SIZE_FIELDS = {
     "kv_cache_memory",
@@ -47,7 +49,7 @@ _BYTE_SIZE_FIELDS = {
 }
 # `argosy serve` with no model: the real model of the box (SmolLM2 stays the tests' small model)
 DEFAULT_CHAT_MODEL = "qwen2.5-coder-0.5b"
-_SECRET_FIELDS = {"api_key"}  # printed as *** (a key is never printed or logged)
+_SECRET_FIELDS = {"api_key", "admin_key"}  # printed as *** (a key is never printed or logged)
 _DURATION_FIELDS = {
     "session_ttl",
     "request_timeout",
@@ -56,7 +58,8 @@ _DURATION_FIELDS = {
     "shutdown_grace",
     "max_audio_seconds",
 }
-_HIDDEN_FIELDS = {"operator_sampling", "model"}  # --model is repeatable: see model_specs
+# --model is repeatable: see model_specs; --lora names its own adapters (lora_pairs)
+_HIDDEN_FIELDS = {"operator_sampling", "model", "loras"}
 _HELP = {
     "model": "a registered name (smollm2), a .gguf file or a Hugging Face folder",
     "native_ops": "on | off: Argosy's C++ CPU ops (built on first use); off: the Python ops",
@@ -72,6 +75,7 @@ _HELP = {
     "max_rerank_documents": "documents one rerank request (pairs one /v1/score request) may hold (default 1000)",
     "max_stream_buffer": "engine outputs a streaming client may leave unread before its generation is stopped (slow_reader)",
     "api_key": "an API key every route but /health then needs (Authorization: Bearer KEY or x-api-key: KEY); repeatable",
+    "admin_key": "an API key that may also load and unload LoRA adapters (POST /v1/load_lora_adapter); repeatable",
     "api_key_file": "a file of API keys, one per line (keeps them out of the process listing)",
     "api_keys": "a TOML file of API keys with per-key policy ([[key]]: name, key or key_sha256, models, requests_per_minute, tokens_per_minute, max_concurrent, max_qos, expires)",
     "insecure": "allow a non-loopback --host without any API key",
@@ -124,6 +128,10 @@ _HELP = {
     "~1.9x the tokens in --kv-cache-memory; the invariant kernels only)",
     "draft_model": "a smaller model of the same tokenizer that drafts tokens for the chat models "
     "(speculative decoding; with --speculative ngram, n-gram drafts first)",
+    "enable_lora": "wrap the chat models' layers for LoRA adapters even without --lora (so "
+    "POST /v1/load_lora_adapter can add them)",
+    "max_loras": "LoRA adapters resident at once per model (least recently used beyond it: read again on use)",
+    "max_lora_rank": "largest LoRA rank an adapter may have",
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*$")
 _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
@@ -258,7 +266,17 @@ def _add_server_flags(serve: argparse.ArgumentParser) -> None:
         default=None,
         metavar="MODELS.TOML",
         help="models from a TOML file ([[model]] tables: id, source, kind, aliases, quantization, "
-        "compile, max_model_len, keep_alive, pinned, [model.sampling])",
+        "compile, max_model_len, keep_alive, pinned, adapters, [model.sampling])",
+    )
+    models.add_argument(
+        "--lora",
+        dest="loras",
+        action="append",
+        default=None,
+        metavar="NAME=PATH",
+        help="a LoRA adapter for the first chat model, served as model NAME (and as llama.cpp's "
+        "per-request lora: [{id, scale}]): a PEFT folder (adapter_config.json + "
+        "adapter_model.safetensors) or a llama.cpp GGUF LoRA; repeatable",
     )
     serve.add_argument(
         "--config",
@@ -289,10 +307,13 @@ def configs_from_args(
             specs = config_specs
         else:
             specs = model_specs(model_args, models_file)
+        specs = with_adapters(specs, getattr(args, "loras", None) or [])  # --lora: the first chat model's
         engine_config = EngineConfig(model=specs[0].source, **_values_for(args, EngineConfig))
         server_config = ServerConfig(**_values_for(args, ServerConfig), operator_sampling=operator)
         # read the key files now: a bad one stops start-up naming the file and the key
-        key_ring(server_config.api_key, server_config.api_key_file, server_config.api_keys)
+        key_ring(
+            server_config.api_key, server_config.api_key_file, server_config.api_keys, server_config.admin_key
+        )
         for spec in specs:
             check_source(spec.source)
         resolve_device(engine_config.device)  # a device that is not here: one line, before anything loads
@@ -413,6 +434,8 @@ def specs_from_tables(tables: Any, path: str, param: str) -> list[ModelSpec]:
             values["keep_alive"] = parse_duration(values["keep_alive"])
         if "sampling" in values:
             values["sampling"] = OperatorSampling(**values["sampling"])
+        if "adapters" in values:
+            values["adapters"] = lora_pairs(values["adapters"], param)
         try:
             specs.append(ModelSpec(**values))
         except TypeError as exc:

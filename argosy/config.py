@@ -80,6 +80,12 @@ class EngineConfig:
     # a smaller model of the same tokenizer that drafts for this one (runner/draft_model.py):
     # a registered name, a .gguf file or a folder; with speculative "ngram" the two chain
     draft_model: str | None = None
+    # LoRA adapters (argosy/engine/adapters.py): (name, path) served from the start; enable_lora
+    # wraps the projections even without one, so that /v1/load_lora_adapter can add them later
+    loras: tuple[tuple[str, str], ...] = ()
+    enable_lora: bool = False
+    max_loras: int = 4  # adapters resident at once (least recently used beyond: read again on use)
+    max_lora_rank: int = 64
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float32", "float16"):
@@ -119,6 +125,10 @@ class EngineConfig:
             raise InvalidRequestError("kv_cache_memory must be positive", "kv_cache_memory")
         if self.max_num_seqs < 1:
             raise InvalidRequestError("max_num_seqs must be at least 1", "max_num_seqs")
+        if self.max_loras < 1:
+            raise InvalidRequestError("max_loras must be at least 1", "max_loras")
+        if self.max_lora_rank < 1:
+            raise InvalidRequestError("max_lora_rank must be at least 1", "max_lora_rank")
         if self.max_num_batched_tokens < self.block_size:
             raise InvalidRequestError(
                 "max_num_batched_tokens must be at least block_size", "max_num_batched_tokens"
@@ -227,6 +237,7 @@ class ModelSpec:
     satellite: str | None = None
     draft: str | None = None  # a draft model for speculative decoding (as --draft-model)
     kv_cache_dtype: str | None = None  # as --kv-cache-dtype
+    adapters: tuple[tuple[str, str], ...] = ()  # LoRA adapters (name, path), as --lora
 
     def __post_init__(self) -> None:
         if not self.id.strip():
@@ -253,6 +264,8 @@ class ModelSpec:
                 overrides[name] = value
         if self.draft is not None:
             overrides["draft_model"] = self.draft
+        if self.adapters:
+            overrides["loras"] = (*base.loras, *self.adapters)
         return replace(base, **overrides)  # type: ignore[arg-type]
 
 
@@ -292,6 +305,7 @@ class ServerConfig:
     api_key: list[str] = field(default_factory=list)  # repeatable; named key-1, key-2...
     api_key_file: str | None = None  # one key per line (keeps keys out of the process listing)
     api_keys: str | None = None  # keys.toml: keys with per-key policy
+    admin_key: list[str] = field(default_factory=list)  # repeatable; named admin-1...: may load adapters
     insecure: bool = False  # allow a non-loopback --host with no key
     rate_limit_per_minute: float | None = None  # per client address; None: no limit
     burst: float | None = None  # the per-address bucket's depth (default: one minute's rate)
@@ -313,7 +327,7 @@ class ServerConfig:
 
     @property
     def has_keys(self) -> bool:
-        return bool(self.api_key or self.api_key_file or self.api_keys)
+        return bool(self.api_key or self.api_key_file or self.api_keys or self.admin_key)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -39,6 +39,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     detokenize: bool = True
     batch_invariant: bool = False  # run so its tokens equal a solo run (scheduled alone)
+    lora: str | None = None  # the LoRA adapter it runs with (argosy/engine/adapters.py); None: the base
+    lora_scale: float = 1.0  # its adapter's product scaled by this (llama.cpp's per-request scale)
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 1:

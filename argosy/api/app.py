@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.types import Scope
 
 from argosy.api import admin, console, metrics, rerank
+from argosy.api import lora as lora_routes
 from argosy.api import tokenizer as tokenizer_routes
 from argosy.api.anthropic import messages as anthropic_messages
 from argosy.api.errors import (
@@ -277,6 +278,7 @@ def build_app(
             openai_responses,
             openai_embeddings,
             rerank,
+            lora_routes,
             openai_transcriptions,
             openai_speech,
             openai_audio_jobs,

@@ -83,7 +83,7 @@ class Gate:
         if config.rate_limit_per_minute is not None:
             limits = AddressLimits(config.rate_limit_per_minute, config.burst)
         return cls(
-            key_ring(config.api_key, config.api_key_file, config.api_keys),
+            key_ring(config.api_key, config.api_key_file, config.api_keys, config.admin_key),
             address_limits=limits,
             limit_loopback=config.rate_limit_loopback,
             trusted_proxies=config.trusted_proxies,

@@ -62,8 +62,9 @@ class RouteCall:
 
     @property
     def model_id(self) -> str:
+        """The model the request named: its model's id, or the LoRA adapter's name."""
         assert self.ctx.model_id is not None
-        return self.ctx.model_id
+        return self.ctx.adapter or self.ctx.model_id
 
     def inherit_qos(self, qos: Any) -> None:
         """Run in `qos`, a parent's class (a continued conversation's), unless the request named
@@ -81,6 +82,8 @@ class RouteCall:
         core_request.request_id = self.ctx.request_id
         core_request.route = tagged_route(self.ctx.route, self.log_tags)
         core_request.arrival = self.pipeline.arrival(self.ctx)
+        if core_request.adapter is None:  # else llama.cpp's per-request `lora` chose one
+            core_request.adapter = self.ctx.adapter
         stream: CoreStream = self.lease.service.start(core_request)
         self.stream = stream
         stream.on_close.append(self.lease.release)

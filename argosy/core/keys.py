@@ -49,6 +49,7 @@ _POLICY_FIELDS = {
     "max_concurrent",
     "max_qos",
     "expires",
+    "admin",
 }
 
 
@@ -66,6 +67,7 @@ class KeyPolicy:
     max_concurrent: int | None = None
     max_qos: str = QOS_CLASSES[0]  # the highest class it may use (classes: highest first)
     expires: float | None = None  # epoch seconds
+    admin: bool = False  # may change what the server serves (load / unload LoRA adapters)
 
     def allows_model(self, names: tuple[str, ...]) -> bool:
         """Whether any of a model's names (id and aliases) matches one of the key's globs."""
@@ -161,6 +163,9 @@ def policy_from_table(table: Any, path: Path, position: int) -> KeyPolicy:
     models = table.get("models", [])
     if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
         raise _fail(path, where, "'models' must be a list of model ids or globs")
+    admin = table.get("admin", False)
+    if not isinstance(admin, bool):
+        raise _fail(path, where, f"'admin' must be true or false, got {admin!r}")
     max_qos = table.get("max_qos", QOS_CLASSES[0])
     if max_qos not in QOS_CLASSES:
         raise _fail(path, where, f"'max_qos' must be one of {', '.join(QOS_CLASSES)}, got {max_qos!r}")
@@ -174,6 +179,7 @@ def policy_from_table(table: Any, path: Path, position: int) -> KeyPolicy:
         max_concurrent=int(concurrent) if concurrent is not None else None,
         max_qos=max_qos,
         expires=_expiry(table.get("expires"), path, f"{where}: expires"),
+        admin=admin,
     )
 
 
@@ -207,8 +213,14 @@ def load_key_file(path: str | Path) -> list[KeyPolicy]:
     return [KeyPolicy(name=f"file-{i}", digest=key_hash(k)) for i, k in enumerate(keys, start=1)]
 
 
-def key_ring(keys: list[str], key_file: str | None, keys_toml: str | None) -> KeyRing:
+def key_ring(
+    keys: list[str], key_file: str | None, keys_toml: str | None, admin_keys: list[str] | None = None
+) -> KeyRing:
     policies = [KeyPolicy(name=f"key-{i}", digest=key_hash(k)) for i, k in enumerate(keys, start=1)]
+    policies += [
+        KeyPolicy(name=f"admin-{i}", digest=key_hash(k), admin=True)
+        for i, k in enumerate(admin_keys or [], start=1)
+    ]
     if key_file is not None:
         policies += load_key_file(key_file)
     if keys_toml is not None:

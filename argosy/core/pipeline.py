@@ -33,6 +33,7 @@ class RequestContext:
     client: str | None = None  # the peer's address
     arrivals: ArrivalGroup | None = None  # counted at the engines until its model is known
     model_id: str | None = None  # once resolved
+    adapter: str | None = None  # the LoRA adapter its model name named (model_id: its base)
     key_name: str | None = None  # the API key's name, once the gate authenticated it
     qos: str | None = None  # the QoS class it runs with (the policy may lower it)
     qos_is_explicit: bool = False  # the request named its class (else the default)
@@ -59,6 +60,7 @@ class Pipeline:
         entry = self.registry.resolve(model_name, kind)
         self.policy(ctx, entry.spec)
         ctx.model_id = entry.spec.id
+        ctx.adapter = model_name if self.registry.adapters.base_of(model_name) is entry else None
         if ctx.record is not None:
             ctx.record.model_id = entry.spec.id
         return await self.registry.acquire(entry)

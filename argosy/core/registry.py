@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from argosy.config import ModelSpec, OperatorSampling
+from argosy.core.adapter_names import AdapterNames
 from argosy.core.service import ModelInfo
 from argosy.engine.arrivals import Arrival
 from argosy.errors import ArgosyError, InvalidRequestError, ModelNotFoundError, ModelUnavailableError
@@ -145,6 +146,10 @@ class ModelRegistry:
                 if name in self._by_name:
                     raise InvalidRequestError(f"two configured models are named {name!r}", "model")
                 self._by_name[name] = entry
+        self.adapters = AdapterNames(self._by_name)  # LoRA adapters: model ids of their own
+        for entry in self.entries:
+            for name, _ in entry.spec.adapters:
+                self.adapters.claim(entry, name)
         for entry in self.entries:
             satellite = entry.spec.satellite
             if satellite is None:
@@ -199,7 +204,7 @@ class ModelRegistry:
             raise InvalidRequestError(
                 f"This server serves no {' or '.join(kinds or ())} model.", param="model"
             )
-        found = self._by_name.get(name)
+        found = self._by_name.get(name) or self.adapters.base_of(name)
         if found is None:
             raise ModelNotFoundError(name, [e.spec.id for e in self.entries])
         if kinds is not None and found.spec.kind not in kinds:

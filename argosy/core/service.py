@@ -32,6 +32,7 @@ from argosy.chat.fim import fim_dialect
 from argosy.chat.profile import ChatProfile
 from argosy.chat.template import ChatTemplate
 from argosy.config import ModelSpec, OperatorSampling, ServerConfig
+from argosy.core.adapter_names import adapter_by_id
 from argosy.core.admission import AdmissionQueue
 from argosy.core.channels import ChoiceChannels
 from argosy.core.choice import ChoiceState
@@ -353,6 +354,8 @@ class ModelService:
         """Resolve and check everything for every choice; raise before the engine is touched."""
         engine = self.require_engine()
         description = self.description
+        if request.lora_ids is not None:  # llama.cpp's per-request choice, by adapter id
+            request.adapter, request.adapter_scale = adapter_by_id(engine, request.lora_ids)
         choices: list[ChoiceState] = []
         for prompt_index, prompt_ids in enumerate(request.prompts):
             param = (
@@ -374,6 +377,7 @@ class ModelService:
                         # Reproducible, but the n samples of one prompt differ from each other.
                         params.seed = _offset_seed(request.sampling.seed, j)
                     params.batch_invariant = request.batch_invariant
+                    params.lora, params.lora_scale = request.adapter, request.adapter_scale
                     engine.validate(prompt_ids, params, request.qos)
                     choices.append(
                         ChoiceState(

@@ -72,6 +72,10 @@ class CoreRequest:
     guide: GuideSpec | None = None  # the grammar every choice follows (a guide each)
     arrival: Arrival | None = None  # counted as arriving at the engine until it is queued
     arrival_time: float = field(default_factory=time.perf_counter)
+    adapter: str | None = None  # the LoRA adapter it runs with (SamplingParams.lora)
+    adapter_scale: float = 1.0
+    # llama.cpp's per-request `lora: [{id, scale}]`, resolved against the model's adapters
+    lora_ids: list[tuple[int, float]] | None = None
 
 
 @dataclass(slots=True)

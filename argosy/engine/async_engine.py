@@ -32,12 +32,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from argosy.engine.adapters import AdapterSet
 from argosy.engine.arrivals import Arrival
 from argosy.engine.grammar_service import GrammarService
 from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.output_processor import OutputProcessor
 from argosy.engine.outputs import EngineStats, RequestOutput
-from argosy.errors import ArgosyError, EngineDeadError
+from argosy.errors import ArgosyError, EngineDeadError, InvalidRequestError
 from argosy.runner.structured import GrammarSpec, GuideSpec, TokenGuide, build_guide
 from argosy.sampling_params import SamplingParams
 
@@ -68,6 +69,15 @@ class _Pool:
     qos: str
 
 
+@dataclass(slots=True)
+class _Call:
+    """Run `fn` on the engine thread between steps (what changes the engine's state: its LoRA
+    adapters); its result or exception goes to `future`."""
+
+    fn: Callable[[], object]
+    future: asyncio.Future[object]
+
+
 class _Stream:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -91,7 +101,7 @@ class AsyncEngine:
             self.engine = engine
         self._built = threading.Event()
         self._build_error: BaseException | None = None
-        self._inbox: queue.SimpleQueue[_Add | _Abort | _Pool] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Add | _Abort | _Pool | _Call] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._wakeup = threading.Event()
@@ -231,6 +241,34 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._send(_Abort(request_id))
 
+    # -- LoRA adapters (engine/adapters.py) -----------------------------------------------
+    def adapters(self) -> list[dict[str, object]]:
+        """The adapters this engine serves (name, id, path, rank, format); [] when LoRA is off."""
+        adapters = self.engine.adapters
+        return adapters.describe() if adapters is not None else []
+
+    async def load_adapter(self, name: str, path: str) -> dict[str, object]:
+        """Read, check and serve an adapter (on the engine thread: between two steps)."""
+        return await self._call(lambda: self._adapter_set().add(name, path).describe())  # type: ignore[return-value]
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._call(lambda: self._adapter_set().remove(name))
+
+    def _adapter_set(self) -> AdapterSet:
+        if self.engine.adapters is None:
+            raise InvalidRequestError(
+                "This model was started without LoRA: start it with --lora NAME=PATH or --enable-lora.",
+                param="model",
+            )
+        return self.engine.adapters
+
+    async def _call(self, fn: Callable[[], object]) -> object:
+        if self.dead_error is not None:
+            raise EngineDeadError(f"The engine stopped: {self.dead_error}")
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._send(_Call(fn, future))
+        return await future
+
     def shutdown(self) -> None:
         self._stopped = True
         self._wakeup.set()
@@ -239,7 +277,7 @@ class AsyncEngine:
             self.engine.stop_compiling()
 
     # -- engine thread -------------------------------------------------------------------
-    def _send(self, command: _Add | _Abort | _Pool) -> None:
+    def _send(self, command: _Add | _Abort | _Pool | _Call) -> None:
         self._inbox.put(command)
         self._wakeup.set()
 
@@ -255,6 +293,9 @@ class AsyncEngine:
             if isinstance(command, _Pool):
                 self._add_pooling(command)
                 continue
+            if isinstance(command, _Call):
+                self._run_call(command)
+                continue
             with self._lock:
                 stream = self._streams.get(command.request_id)
             if stream is None:  # gone before it started
@@ -265,6 +306,18 @@ class AsyncEngine:
                 )
             except ArgosyError as exc:  # a bad request fails alone
                 stream.put(exc)
+
+    @staticmethod
+    def _run_call(command: _Call) -> None:
+        loop = command.future.get_loop()
+        try:
+            result = command.fn()
+        except Exception as exc:  # noqa: BLE001 - the caller gets it (a typed error: its 4xx)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, command.future, None, exc)
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, command.future, result, None)
 
     def _add_pooling(self, command: _Pool) -> None:
         for request_id, token_ids in command.inputs.items():
@@ -324,3 +377,12 @@ class AsyncEngine:
                 streams = list(self._streams.values())
             for stream in streams:
                 stream.put(EngineDeadError(f"The engine stopped: {exc}"))
+
+
+def _settle(future: asyncio.Future[object], result: object, error: BaseException | None) -> None:
+    if future.done():  # its caller went away
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

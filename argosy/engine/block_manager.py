@@ -51,7 +51,7 @@ class BlockManager:
         bs = self.block_size
         num_full = seq.num_tokens // bs
         for i in range(len(seq.block_hashes), num_full):
-            parent = seq.block_hashes[i - 1] if i else None
+            parent = seq.block_hashes[i - 1] if i else seq.cache_salt
             tokens = [seq.token_at(j) for j in range(i * bs, (i + 1) * bs)]
             seq.block_hashes.append(block_key(parent, tokens))
 

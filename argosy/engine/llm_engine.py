@@ -19,6 +19,7 @@ import threading
 import time
 
 from argosy.config import EngineConfig
+from argosy.engine.adapters import AdapterSet, check_adapter, serve_adapters
 from argosy.engine.block_manager import BlockManager
 from argosy.engine.outputs import EngineStats, ModelDescription, RequestOutput
 from argosy.engine.scheduler import Scheduler, SchedulerOutput
@@ -123,6 +124,8 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             kv_dtype=self.kv_dtype,
         )
+        # LoRA adapters per request (engine/adapters.py), wrapped before any graph is compiled
+        self.adapters: AdapterSet | None = serve_adapters(config, self.runner, self.source, self.device)
         # the CUDA layers give every row alike whatever its batch (ops/triton_kernels.py)
         self.deterministic = self.invariant or self.device.startswith("cuda")
         # graphs: one row; up to max_int4_rows; above (BatchSwitchLinear's branch). On CUDA:
@@ -275,6 +278,7 @@ class LLMEngine:
     def validate(self, prompt_token_ids: list[int], params: SamplingParams, qos: str = "interactive") -> None:
         """Every check that needs no engine state; raises typed errors."""
         validate_request(prompt_token_ids, params, qos, self.vocab_size, self.max_model_len)
+        check_adapter(self.adapters, params.lora)
 
     def add_request(
         self,
@@ -290,6 +294,8 @@ class LLMEngine:
         if params.batch_invariant and self.deterministic:  # every request already is: no need to run alone
             params = dataclasses.replace(params, batch_invariant=False)
         seq = Sequence(request_id, list(prompt_token_ids), params, qos=qos, guide=guide)
+        if params.lora is not None and self.adapters is not None:
+            self.adapters.hold(seq)  # resident from now until it ends
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs.append(None)
         self.sequences[request_id] = seq
@@ -320,8 +326,11 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def _release(self, request_id: str) -> None:
-        """A request left the engine: its sampler state and its draft's KV blocks go."""
+        """A request left the engine: its sampler state, its draft's KV blocks and its hold on
+        an adapter go."""
         self.runner.release(request_id)
+        if self.adapters is not None:
+            self.adapters.let_go(request_id)
         if isinstance(self.proposer, DraftModelProposer | ChainProposer):
             self.proposer.release(request_id)
 

@@ -69,6 +69,8 @@ class Sequence:
     num_spec_accepted: int = 0  # draft tokens accepted (and kept)
     pooling: str | None = None  # prefill-only: how its hidden states are pooled ("mean")
     embedding: list[float] | None = None  # a pooling sequence's vector, once finished
+    lora_slot: int = -1  # the slot of its LoRA adapter (argosy/models/lora.py), -1: the base model
+    cache_salt: bytes | None = None  # its prefix-cache keys' root (its adapter's: KV differs)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -127,7 +127,7 @@ def load_native_ops() -> bool:
 def load_invariant_ops() -> bool:
     """Build (or reuse) and load the invariant kernels (csrc/iq_linear.cpp, iq_packed.cpp,
     iq_attention.cpp,
-    iq_geglu.cpp, iq_norm.cpp, iq_rope.cpp) as their own library, torch.ops.argosy_iq: built
+    iq_geglu.cpp, iq_norm.cpp, iq_rope.cpp, iq_lora.cpp) as their own library, torch.ops.argosy_iq: built
     without -ffast-math and with -ffp-contract=off, so the compiler cannot reorder or fuse their
     float arithmetic, and without -march=native
     (each path carries its own target attribute and is chosen at run time by CPU features).
@@ -147,6 +147,7 @@ def load_invariant_ops() -> bool:
             "iq_geglu.cpp",
             "iq_norm.cpp",
             "iq_rope.cpp",
+            "iq_lora.cpp",
         )
     ]
     error = _build(
@@ -195,6 +196,10 @@ def _register_invariant_fakes() -> None:
     @torch.library.register_fake("argosy_iq::geglu")
     def _(gate_up):  # type: ignore[no-untyped-def]
         return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+
+    @torch.library.register_fake("argosy_iq::lora")
+    def _(y, x, slot, scale, a, b):  # type: ignore[no-untyped-def]
+        return y.new_empty(y.shape)
 
     @torch.library.register_fake("argosy_iq::q8_linear")
     def _(x, codes, scales, mins, out_features, out_float32, code_lo, code_hi, fine=False):  # type: ignore[no-untyped-def]

@@ -19,6 +19,7 @@ from argosy.engine.outputs import TokenLogprob
 from argosy.engine.scheduler import ScheduledRequest, SchedulerOutput
 from argosy.engine.sequence import Sequence
 from argosy.models.llama import DecoderForCausalLM
+from argosy.models.lora import BASE_SLOT, LoraModel
 from argosy.ops.attention import (
     AttentionMetadata,
     ContextBatch,
@@ -139,6 +140,26 @@ class ModelRunner:
         self.sampler = Sampler(vocab_size, torch.Generator().manual_seed(seed))
         self.generators: dict[str, torch.Generator] = {}
         self.pooler = MeanPooler()
+        self.lora: LoraModel | None = None  # the model's projections wrapped for adapters
+
+    def enable_lora(self, max_rows: int) -> LoraModel:
+        """Wrap the model's projections for per-row LoRA adapters (models/lora.py), before any
+        graph is compiled; every step from then on says each row's adapter."""
+        self.lora = LoraModel(self.model, max_rows)
+        # the last layer runs all rows: each row's adapter is told by its place in the step
+        self._prunes_last_layer = False
+        return self.lora
+
+    def _set_lora_rows(self, batch: list[ScheduledRequest]) -> None:
+        if self.lora is None:
+            return
+        slots: list[int] = []
+        scales: list[float] = []
+        for req in batch:
+            slot = req.seq.lora_slot
+            slots.extend([slot] * req.num_new_tokens)
+            scales.extend([req.seq.params.lora_scale if slot != BASE_SLOT else 0.0] * req.num_new_tokens)
+        self.lora.rows.set(slots, scales)
 
     def compile_decode(self, row_counts: list[int], stop: threading.Event | None = None) -> bool:
         """Compile the decode step for batches of these sizes (and all sizes that share their
@@ -171,6 +192,7 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> StepResult:
         # decodes first (one token each; a draft's tokens are decode rows too), then prefill chunks
         batch = sorted(out.scheduled, key=lambda r: r.num_new_tokens != 1 and not r.num_spec_tokens)
+        self._set_lora_rows(batch)
         if self.compiled is not None and all(_compiled_decode_fits(r) for r in batch):
             return self._execute_compiled(batch, self.compiled)
         if (

@@ -382,6 +382,7 @@ class ChatCompletionsRoute(ModelRoute[ChatCompletionRequest]):
         model_id = call.model_id
         core_request, chat_degraded = await to_core(body, service)
         core_request.batch_invariant = body.batch_invariant
+        core_request.lora_ids = body.lora_ids()
         metadata: dict[str, Any] = {
             "kind": "chat.completion",
             "model": model_id,

@@ -54,6 +54,16 @@ class StreamOptions(WireModel):
     continuous_usage_stats: bool = False  # every chunk carries the usage so far
 
 
+class LoraChoice(WireModel):
+    """One of llama.cpp's per-request `lora` entries: an adapter's id (GET /lora-adapters) and
+    the scale of its product (0: off)."""
+
+    model_config = ConfigDict(strict=True)
+
+    id: int = Field(ge=0)
+    scale: float = Field(1.0, ge=-100.0, le=100.0)
+
+
 class SamplingFields(WireModel):
     """The generation knobs both endpoints take, with OpenAI's ranges."""
 
@@ -80,6 +90,10 @@ class SamplingFields(WireModel):
     user: str | None = None
     priority: Any = None  # QoS class (admission.request_qos checks it, with x-argosy-qos)
     batch_invariant: bool = False  # tokens equal a solo run, whatever else is batched
+    lora: list[LoraChoice] | None = Field(None, max_length=64)  # llama.cpp's adapters for this request
+
+    def lora_ids(self) -> list[tuple[int, float]] | None:
+        return None if self.lora is None else [(choice.id, choice.scale) for choice in self.lora]
 
     def request_sampling(self, *, max_tokens: int | None, logprobs: int | None) -> RequestSampling:
         return request_sampling(self, max_tokens=max_tokens, logprobs=logprobs)

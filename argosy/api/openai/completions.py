@@ -304,6 +304,7 @@ class CompletionsRoute(ModelRoute[CompletionRequest]):
     async def serve(self, body: CompletionRequest, service: ModelService, call: RouteCall) -> Response:
         core_request = to_core(body, service)
         core_request.batch_invariant = body.batch_invariant
+        core_request.lora_ids = body.lora_ids()
         core_request.session = _session_spec(body, call.model_id, call.request_id)
         stream = call.start(core_request)
         fingerprint = service.system_fingerprint

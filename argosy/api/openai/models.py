@@ -114,10 +114,23 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
     }
 
 
+def adapter_json(base: dict[str, Any], name: str, path: str) -> dict[str, Any]:
+    """A LoRA adapter as a model of its own, its base as `parent` and its file as `root` (as
+    vLLM lists them); the rest is its base's."""
+    capabilities = {**base["capabilities"], "lora_adapter": True}
+    return {**base, "id": name, "parent": base["id"], "root": path, "capabilities": capabilities}
+
+
+def _with_adapters(registry: ModelRegistry, entry: ModelEntry) -> list[dict[str, Any]]:
+    base = model_json(registry.info(entry))
+    return [base, *(adapter_json(base, name, path) for name, path in entry.spec.adapters)]
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     registry: ModelRegistry = request.app.state.registry
-    return JSONResponse({"object": "list", "data": [model_json(registry.info(e)) for e in registry.entries]})
+    data = [model for e in registry.entries for model in _with_adapters(registry, e)]
+    return JSONResponse({"object": "list", "data": data})
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -128,7 +141,8 @@ async def retrieve_model(request: Request, model_id: str) -> JSONResponse:
     except NotFoundError as exc:
         exc.param = None  # a path segment, not a body field
         raise
-    return JSONResponse(model_json(registry.info(entry)))
+    listed = {model["id"]: model for model in _with_adapters(registry, entry)}
+    return JSONResponse(listed.get(model_id, listed[entry.spec.id]))
 
 
 @router.get("/v1/audio/models")
