@@ -207,6 +207,15 @@ class EngineCollector(Collector):
             "argosy:spec_decode_num_draft_tokens", "Draft tokens verified (speculative decoding)."
         )
         accepted = counter("argosy:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        adapters = gauge(
+            "argosy:lora_adapters", "LoRA adapters the model serves (--lora, load_lora_adapter)."
+        )
+        resident = gauge(
+            "argosy:lora_adapters_resident", "LoRA adapters in a slot now (at most --max-loras)."
+        )
+        adapter_reads = counter(
+            "argosy:lora_adapter_reads", "LoRA adapter files read (loads, and reloads after eviction)."
+        )
         loads = counter("argosy:model_loads", "Times a model was loaded.")
         unloads = counter("argosy:model_unloads", "Times a model was unloaded (idle, for room, engine died).")
         num_loaded = GaugeMetricFamily("argosy:num_models_loaded", "Models loaded now.")
@@ -240,9 +249,12 @@ class EngineCollector(Collector):
             preemptions.add_metric(model, stats.num_preemptions)
             drafts.add_metric(model, stats.spec_proposed_tokens)
             accepted.add_metric(model, stats.spec_accepted_tokens)
+            adapters.add_metric(model, stats.lora_adapters)
+            resident.add_metric(model, stats.lora_resident)
+            adapter_reads.add_metric(model, stats.lora_reads)
         num_loaded.add_metric([], len(self.models.loaded()))
         yield from (running, waiting, queued, kv_usage, kv_bytes, kv_capacity, queries, hits, preemptions)
-        yield from (drafts, accepted)
+        yield from (drafts, accepted, adapters, resident, adapter_reads)
         yield from (loads, unloads, num_loaded, encoder_forwards)
         yield from self._fleet()
 

@@ -97,6 +97,11 @@ class AdapterSet:
     def by_id(self, adapter_id: int) -> Adapter | None:
         return next((a for a in self.adapters.values() if a.id == adapter_id), None)
 
+    def stats(self) -> dict[str, int]:
+        """EngineStats' LoRA fields."""
+        resident = sum(1 for held in self._slots if held is not None)
+        return {"lora_adapters": len(self.adapters), "lora_resident": resident, "lora_reads": self.num_loads}
+
     def describe(self) -> list[dict[str, object]]:
         return [a.describe() for a in sorted(self.adapters.values(), key=lambda a: a.id)]
 

@@ -487,4 +487,5 @@ class LLMEngine:
             spec_steps=self.num_spec_steps,
             compile_status=self.compile_status,
             compiled_graphs=compiled_graph_count() if self.compile_status != "off" else 0,
+            **(self.adapters.stats() if self.adapters is not None else {}),
         )

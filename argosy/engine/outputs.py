@@ -61,6 +61,9 @@ class EngineStats:
     # the compiled decode step: off | compiling | ready (steps run it) | failed (eager) | stopped
     compile_status: str = "off"
     compiled_graphs: int = 0  # graphs built so far (a bench checks none is built while it measures)
+    lora_adapters: int = 0  # LoRA adapters served (engine/adapters.py)
+    lora_resident: int = 0  # of which in a slot now (--max-loras)
+    lora_reads: int = 0  # adapter files read (first loads, and again after an eviction)
 
     @property
     def kv_cache_usage(self) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,8 +64,8 @@ def _message(response: requests.Response) -> str:
         return response.text[:100]
 
 
-def own_schema(base_url: str) -> OpenApiSchema:
-    document = requests.get(f"{base_url}/openapi.json", timeout=30).json()
+def own_schema(base_url: str, headers: dict[str, str] | None = None) -> OpenApiSchema:
+    document = requests.get(f"{base_url}/openapi.json", headers=headers, timeout=30).json()
     return schemathesis.openapi.from_dict(document)
 
 
@@ -137,15 +138,22 @@ def fuzz(
     seed: int,
     path_parameters: dict[str, list[str]] | None = None,
     models: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+    only: str | None = None,
     log: Callable[[str], None] = print,
 ) -> None:
     """Fuzz every operation of `schema` against `base_url` (the prefix its paths go under).
     `path_parameters`: real values (e.g. stored response ids) that half the cases of an
     operation with that parameter use instead of generated ones. `models`: path suffix -> the
-    model its positive cases name (e.g. "/embeddings" -> an embedding model)."""
+    model its positive cases name (e.g. "/embeddings" -> an embedding model). `headers`: sent
+    with every case (an API key). `only`: a regular expression; the operations whose path it
+    does not match are left out (a run of a few routes)."""
     session = requests.Session()
+    session.headers.update(headers or {})
     for result in schema.get_all_operations():
         operation = result.ok()
+        if only is not None and re.search(only, operation.path) is None:
+            continue
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
             strategies = [operation.as_strategy(generation_mode=mode)]
             for name, values in (path_parameters or {}).items():

@@ -215,3 +215,39 @@ def test_requests_and_adapters_that_do_not_fit_are_refused(
         with_loras(tiny_llama, {"wrong": other})
     with pytest.raises(AdapterError):
         engine.adapters.add("missing", str(tmp_path / "nothing-here"))
+
+
+def test_a_gguf_lora_serves_the_same_tokens_as_its_peft_folder(
+    tiny_llama: TinyModel, adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    """The PEFT adapter written as convert_lora_to_gguf.py writes it (llama's q/k rows of B in
+    llama.cpp's rope order): read back un-permuted, it runs the same tokens."""
+    import numpy as np
+
+    from argosy.models.lora_file import read_adapter
+    from tests.unit.test_lora_file import _write_gguf
+
+    def permute(rows: np.ndarray, heads: int) -> np.ndarray:  # llama.cpp's converter's order
+        return (
+            rows.reshape(heads, 2, rows.shape[0] // heads // 2, *rows.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(rows.shape)
+        )
+
+    roles = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
+    heads = {"q_proj": 4, "k_proj": 2}
+    weights = read_adapter(adapters["attn"])
+    tensors = {}
+    for (layer, name), (a, b, _) in weights.modules.items():
+        b_rows = b.numpy()
+        tensors[f"blk.{layer}.{roles[name]}.weight.lora_a"] = a.numpy()
+        tensors[f"blk.{layer}.{roles[name]}.weight.lora_b"] = (
+            permute(b_rows, heads[name]) if name in heads else b_rows
+        )
+    gguf_file = _write_gguf(tmp_path / "attn.gguf", tensors, arch="llama", alpha=weights.alpha)
+    engine = with_loras(tiny_llama, {"peft": adapters["attn"], "gguf": gguf_file})
+    ids = prompt(11, 13)
+    assert (
+        run_one(engine, ids, greedy(16, lora="gguf"), "g").token_ids
+        == run_one(engine, ids, greedy(16, lora="peft"), "p").token_ids
+    )
