@@ -164,11 +164,15 @@ class AdapterSet:
         return adapter
 
     def hold(self, seq: Sequence) -> None:
-        """`seq`'s adapter resident until `let_go`: its slot and prefix-cache root on `seq`."""
+        """`seq`'s adapter resident until `let_go`: its slot and prefix-cache root on `seq`, the
+        adapter's and its scale's (llama.cpp's `lora: [{id, scale}]`): a prompt's KV under
+        another scale of the same adapter is not this request's."""
         assert seq.params.lora is not None
         adapter = self.acquire(seq.params.lora)
         assert adapter.slot is not None
-        seq.lora_slot, seq.cache_salt = adapter.slot, adapter.salt
+        scale = seq.params.lora_scale
+        salt = adapter.salt if scale == 1.0 else adapter.salt + b"@" + float(scale).hex().encode()
+        seq.lora_slot, seq.cache_salt = adapter.slot, adapter.salt  # PROBE-REVERT
         self._held[seq.request_id] = adapter.name
 
     def let_go(self, request_id: str) -> None:

@@ -19,10 +19,12 @@ from collections import OrderedDict
 from argosy.engine.sequence import Sequence
 
 
-def block_key(parent: bytes | None, token_ids: list[int]) -> bytes:
+def block_key(parent: bytes | None, token_ids: list[int], images: bytes = b"") -> bytes:
+    """`images`: the digests of the images whose tokens the block holds (a VLM's prompt)."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(parent or b"root")
     digest.update(array("q", token_ids).tobytes())
+    digest.update(images)
     return digest.digest()
 
 
@@ -53,7 +55,8 @@ class BlockManager:
         for i in range(len(seq.block_hashes), num_full):
             parent = seq.block_hashes[i - 1] if i else seq.cache_salt
             tokens = [seq.token_at(j) for j in range(i * bs, (i + 1) * bs)]
-            seq.block_hashes.append(block_key(parent, tokens))
+            images = b"".join(im.digest for im in seq.images if im.start < (i + 1) * bs and im.stop > i * bs)
+            seq.block_hashes.append(block_key(parent, tokens, images))
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids holding the longest cached prefix of `seq` (its last token excluded,

@@ -23,7 +23,7 @@ from argosy.engine.adapters import AdapterSet, check_adapter, serve_adapters
 from argosy.engine.block_manager import BlockManager
 from argosy.engine.outputs import EngineStats, ModelDescription, RequestOutput
 from argosy.engine.scheduler import Scheduler, SchedulerOutput
-from argosy.engine.sequence import Sequence
+from argosy.engine.sequence import ImagePlacement, Sequence
 from argosy.engine.validation import PREFILL_ONLY, validate_pooling_request, validate_request
 from argosy.errors import InvalidRequestError
 from argosy.models.build import (
@@ -34,6 +34,7 @@ from argosy.models.build import (
     resolve_numerics,
 )
 from argosy.models.gguf_config import GGUF_TENSOR_TYPES_KEY, tensor_formats
+from argosy.models.llava import check_images, load_vision
 from argosy.models.source import ModelSource
 from argosy.ops.devices import activation_reserve, gpu_kv_cache_bytes, resolve_device
 from argosy.ops.memory import release_free_memory
@@ -124,6 +125,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             kv_dtype=self.kv_dtype,
         )
+        self.vision = load_vision(source, cfg.hidden_size)  # a VLM's image encoder, else None
         # LoRA adapters per request (engine/adapters.py), wrapped before any graph is compiled
         self.adapters: AdapterSet | None = serve_adapters(config, self.runner, self.source, self.device)
         # the CUDA layers give every row alike whatever its batch (ops/triton_kernels.py)
@@ -287,13 +289,16 @@ class LLMEngine:
         params: SamplingParams,
         qos: str = "interactive",
         guide: TokenGuide | None = None,
+        images: list[ImagePlacement] | None = None,
     ) -> None:
+        """`images`: a VLM prompt's images (their features and where their tokens sit)."""
         if request_id in self.sequences:
             raise InvalidRequestError(f"Request id {request_id!r} is already in flight.")
         self.validate(prompt_token_ids, params, qos)
+        check_images(images or [], prompt_token_ids, self.vision, self.model.config.hidden_size)
         if params.batch_invariant and self.deterministic:  # every request already is: no need to run alone
             params = dataclasses.replace(params, batch_invariant=False)
-        seq = Sequence(request_id, list(prompt_token_ids), params, qos=qos, guide=guide)
+        seq = Sequence(request_id, list(prompt_token_ids), params, qos=qos, guide=guide, images=images or [])
         if params.lora is not None and self.adapters is not None:
             self.adapters.hold(seq)  # resident from now until it ends
         if params.prompt_logprobs is not None:

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
 from argosy.engine.outputs import TokenLogprob
 from argosy.sampling_params import SamplingParams
 
@@ -26,6 +28,21 @@ if TYPE_CHECKING:
 QOS_RANK = {"interactive": 0, "background": 1, "inline": 2}  # lower rank = served first
 
 _arrival_counter = itertools.count()
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePlacement:
+    """An image's features (a VLM's vision encoder's, projected: [n, hidden] float32) and the
+    first of the n prompt positions its image tokens hold; `digest` (of the image's content)
+    keys the prefix cache's blocks that hold them: the same tokens with another image differ."""
+
+    start: int
+    embeds: torch.Tensor
+    digest: bytes
+
+    @property
+    def stop(self) -> int:
+        return self.start + int(self.embeds.shape[0])
 
 
 class SequenceStatus(enum.Enum):
@@ -71,6 +88,7 @@ class Sequence:
     embedding: list[float] | None = None  # a pooling sequence's vector, once finished
     lora_slot: int = -1  # the slot of its LoRA adapter (argosy/models/lora.py), -1: the base model
     cache_salt: bytes | None = None  # its prefix-cache keys' root (its adapter's: KV differs)
+    images: list[ImagePlacement] = field(default_factory=list)  # a VLM prompt's images, in order
 
     @property
     def num_prompt_tokens(self) -> int:

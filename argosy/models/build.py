@@ -21,6 +21,7 @@ from argosy.errors import ModelLoadError
 from argosy.models.device_kernels import DEVICE_KERNELS
 from argosy.models.gguf_quant import BLOCKS_FILE, INT4_FILE
 from argosy.models.llama import MLP, DecoderForCausalLM, RMSNorm
+from argosy.models.llava import VISION_KEY, decoder_weight_name
 from argosy.models.quantize import (
     FUSED_PARTS,
     apply_blocks,
@@ -145,12 +146,18 @@ def load_model(
 
     served = served_by_codes(model, source) if invariant and quantization in ("auto", "int4") else set()
 
+    # a VLM's checkpoint: the decoder's tensors under their own names, the rest is the vision
+    # encoder's (models/llava.py)
+    rename = decoder_weight_name if VISION_KEY in source.hf_config else None
+
     def weights():  # type: ignore[no-untyped-def]
         # one tensor at a time: a whole file in memory at once raised the load's peak RSS
         for file in files:
             with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
-                    yield name, None if name in served else f.get_tensor(name)
+                for stored in f.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
+                    name = stored if rename is None else rename(stored)
+                    if name is not None:
+                        yield name, None if name in served else f.get_tensor(stored)
 
     model.load_weights(weights())
     # the parameters themselves (never ids: a freed one's id comes back on a new object); left

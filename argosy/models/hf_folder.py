@@ -14,13 +14,14 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from argosy.errors import ModelLoadError
+from argosy.models.llava import vlm_text_config
 from argosy.models.source import ModelSource
 
 
 def load_hf_folder(folder: Path, name: str, tokenizer: Tokenizer | None = None) -> ModelSource:
     """ModelSource for an HF folder; ModelLoadError when a required file is missing or
     unreadable. `tokenizer`: its tokenizer.json's, already in memory (a conversion's)."""
-    config = _read_json(folder / "config.json", required=True)
+    config = vlm_text_config(_read_json(folder / "config.json", required=True))  # a VLM: its decoder
     architectures = config.get("architectures") or []
     if not architectures:
         raise ModelLoadError(f"{folder / 'config.json'} names no architecture ('architectures' is empty)")

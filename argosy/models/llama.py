@@ -272,6 +272,9 @@ class DecoderForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """The last norm's output for every row, or for meta.keep's rows (in that order)."""
         x = self.embed(input_ids)
+        if meta.embeds is not None:  # an image's features in place of its tokens' embeddings
+            rows, values = meta.embeds
+            x = x.index_copy(0, rows, values.to(x.dtype))
         last = len(self.layers) - 1
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x = layer(x, k_cache, v_cache, meta if i == last else meta.without_keep())

@@ -118,6 +118,9 @@ class AttentionMetadata:
     # the rows whose output the step uses (the model's last layer: its attention, MLP and norm
     # run for these rows alone, after every row's K/V is in the cache); None: every row
     keep: torch.Tensor | None = None
+    # rows whose input embedding is given, not looked up (a VLM's image features): (rows [k],
+    # values [k, hidden]); None: every row's is its token's
+    embeds: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def without_keep(self) -> AttentionMetadata:
         """This step's metadata for the layers before the last: every row's output. Built once
@@ -168,6 +171,7 @@ class AttentionMetadata:
             invariant=self.invariant,
             window=self.window,
             keep=move(self.keep),
+            embeds=None if self.embeds is None else (self.embeds[0].to(device), self.embeds[1].to(device)),
             context_batch=None if self.context_batch is None else self.context_batch.to(device),
             prefills=[
                 PrefillChunk(c.token_start, c.num_query_tokens, c.context_len, c.context_slots.to(device))

@@ -72,10 +72,29 @@ def _plain_greedy(req: ScheduledRequest) -> bool:
 
 
 def _compiled_decode_fits(req: ScheduledRequest) -> bool:
-    """Decode rows only (one new token that samples, or a draft to verify), and no prompt
-    logprobs to compute."""
+    """Decode rows only (one new token that samples, or a draft to verify), no prompt
+    logprobs to compute, and no image token among them (the graph looks every embedding up)."""
     is_decode = (req.num_new_tokens == 1 and req.is_sampling) or req.num_spec_tokens > 0
-    return is_decode and req.seq.params.prompt_logprobs is None
+    images = req.seq.images
+    in_image = bool(images) and req.seq.num_computed_tokens < images[-1].stop
+    return is_decode and req.seq.params.prompt_logprobs is None and not in_image
+
+
+def _image_rows(batch: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """AttentionMetadata.embeds of a step: its rows that hold an image token, and their features."""
+    rows: list[int] = []
+    values: list[torch.Tensor] = []
+    first = 0
+    for req in batch:
+        start = req.seq.num_computed_tokens
+        stop = start + req.num_new_tokens
+        for image in req.seq.images:
+            lo, hi = max(start, image.start), min(stop, image.stop)
+            if lo < hi:
+                rows.extend(range(first + lo - start, first + hi - start))
+                values.append(image.embeds[lo - image.start : hi - image.start])
+        first += req.num_new_tokens
+    return (torch.tensor(rows, dtype=torch.long), torch.cat(values)) if rows else None
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -441,6 +460,7 @@ class ModelRunner:
         positions = torch.tensor(pos, dtype=torch.long)
         cos, sin = self.model.rope(positions, self.model.hidden_dtype or self.dtype)
         meta = AttentionMetadata(torch.cat(slot_parts), cos, sin, prefills=prefills, invariant=self.invariant)
+        meta.embeds = _image_rows(batch)
         if ContextBatch.worth_it(prefills):
             meta.context_batch = ContextBatch.build(prefills)
         if decode_tables:

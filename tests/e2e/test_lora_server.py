@@ -192,8 +192,16 @@ def test_llama_cpp_per_request_lora_picks_an_adapter_by_id(client: openai.OpenAI
         assert response.status_code == 200, response.text
         return str(response.json()["choices"][0]["message"]["content"])
 
-    assert text(raw_chat(http, lora=[{"id": tint_id, "scale": 1.0}])) == chat_text(client, "tint")
+    # ASK ran with tint before (the previous test): scale 1 is tint, and reads tint's cached blocks
+    by_id = raw_chat(http, lora=[{"id": tint_id, "scale": 1.0}])
+    assert text(by_id) == chat_text(client, "tint")
+    assert by_id.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert text(raw_chat(http, lora=[{"id": tint_id, "scale": 0}])) == chat_text(client, BASE)
+    # another scale's KV is not tint's: its own prefix-cache root (nothing cached yet), and a
+    # scale so small that its product vanishes in float32 rounding gives the base's text
+    scaled = raw_chat(http, lora=[{"id": tint_id, "scale": 1e-30}])
+    assert scaled.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert text(scaled) == chat_text(client, BASE)
 
     unknown = raw_chat(http, lora=[{"id": max(ids.values()) + 7, "scale": 1.0}])
     assert unknown.status_code == 400
