@@ -72,6 +72,7 @@ _HELP = {
     "model_load_timeout": "seconds a request waits for its model to load, then 503 + Retry-After",
     "sse_keepalive_s": "seconds without a frame before an OpenAI SSE stream sends a ': keep-alive' comment (default 15; 0: off)",
     "tool_repair_budget": "auto tool calls failing their tool's schema written again under its grammar, per request (default 1; 0: off, the call comes back as text named tool_call_invalid)",
+    "max_images_per_request": "images one chat request may hold, for a vision-language model (default 8)",
     "max_rerank_documents": "documents one rerank request (pairs one /v1/score request) may hold (default 1000)",
     "max_stream_buffer": "engine outputs a streaming client may leave unread before its generation is stopped (slow_reader)",
     "api_key": "an API key every route but /health then needs (Authorization: Bearer KEY or x-api-key: KEY); repeatable",

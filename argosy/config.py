@@ -293,6 +293,7 @@ class ServerConfig:
     # schema's grammar, at most this many per request (a request's `tool_repair_budget`
     # overrides it); 0: none, such a call comes back as text named `tool_call_invalid`
     tool_repair_budget: int = 1
+    max_images_per_request: int = 8  # images one chat request may hold (a VLM's; more: a 400)
     # Model registry (argosy/core/registry.py)
     max_loaded_models: int | None = None  # None: no limit; past it the least recently used goes
     max_loaded_memory: int | None = None  # bytes of loaded models (weights + KV) before LRU unloads

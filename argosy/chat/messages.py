@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from argosy.chat.images import ImagePart
 from argosy.errors import InvalidRequestError
 
 ToolChoiceMode = Literal["auto", "none", "required", "named"]
@@ -106,6 +107,9 @@ class ChatInput:
     # Calls failing their tool's schema written again under its grammar, at most this many per
     # request (0: none, sent back as text); None: the server's --tool-repair-budget.
     tool_repair_budget: int | None = None
+    # images in the messages' parts (chat/images.py), in order; each one's place in its
+    # message's text is IMAGE_SENTINEL
+    images: list[ImagePart] = field(default_factory=list)
 
 
 def check_continuation(chat: ChatInput) -> None:

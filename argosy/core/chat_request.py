@@ -24,6 +24,8 @@ from argosy.core.channels import ChannelSpec
 from argosy.core.constraints import guide_spec, plan_constraints
 from argosy.core.service import ModelService
 from argosy.core.stream import CoreRequest
+from argosy.core.vision import place_images
+from argosy.engine.sequence import ImagePlacement
 from argosy.runner.structured import GuideSpec
 from argosy.sampling_params import RequestSampling
 
@@ -36,6 +38,7 @@ class PreparedChat:
     guide: GuideSpec | None = None
     keeps_special_tokens: bool = False  # detokenize with special tokens (markers among them)
     degraded: list[str] = field(default_factory=list)
+    images: list[ImagePlacement] | None = None  # a VLM prompt's images (core/vision.py)
 
     def sampling(self, sampling: RequestSampling) -> RequestSampling:
         """The request's sampling, detokenizing as the channel parser needs."""
@@ -51,6 +54,7 @@ class PreparedChat:
             prompt_param=fields.pop("prompt_param", "messages"),
             channels=self.channels,
             guide=self.guide,
+            images=self.images,
             **fields,
         )
 
@@ -99,9 +103,22 @@ async def prepare_chat(core: ModelService, chat: ChatInput) -> PreparedChat:
         and (guide is None or guide.max_reasoning_tokens is None)
     ):
         degraded.append("reasoning_budget")  # it reasons, but where is not seen on token ids
+    images: list[ImagePlacement] | None = None
+    if chat.images:  # the image tokens expanded, the features encoded (each image once)
+        prompt_ids, images = await place_images(
+            core.require_engine(),
+            prompt_text,
+            chat.images,
+            profile.tokenize,
+            core.model_id,
+            core.options.max_images_per_request,
+        )
+    else:
+        prompt_ids = profile.tokenize(prompt_text)
     return PreparedChat(
         prompt_text=prompt_text,
-        prompt_ids=profile.tokenize(prompt_text),
+        prompt_ids=prompt_ids,
+        images=images,
         channels=ChannelSpec(profile.call_family, options, profile.strip_texts, repair_budget),
         guide=guide,
         keeps_special_tokens=profile.keeps_special_tokens,

@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 from argosy.engine.arrivals import Arrival
 from argosy.engine.outputs import EngineStats, ModelDescription, RequestOutput
+from argosy.engine.sequence import ImagePlacement
 from argosy.runner.structured import GrammarSpec, GuideSpec
 from argosy.sampling_params import SamplingParams
 
@@ -40,9 +41,11 @@ class EngineClient(Protocol):
         guide: GuideSpec | None = None,
         arrival: Arrival | None = None,
         affinity: tuple[str, ...] = (),
+        images: list[ImagePlacement] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """The request's outputs as they come; leaving the iteration early aborts it.
-        `affinity`: the session it continues (a fleet places it where that session ran)."""
+        `affinity`: the session it continues (a fleet places it where that session ran);
+        `images`: a VLM prompt's images (core/vision.py)."""
         ...
 
     def abort(self, request_id: str) -> None: ...

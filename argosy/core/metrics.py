@@ -216,6 +216,10 @@ class EngineCollector(Collector):
         adapter_reads = counter(
             "argosy:lora_adapter_reads", "LoRA adapter files read (loads, and reloads after eviction)."
         )
+        images = counter("argosy:images_encoded", "Images through a vision-language model's encoder.")
+        image_hits = counter(
+            "argosy:image_cache_hits", "Images sent again, their features cached (not encoded)."
+        )
         loads = counter("argosy:model_loads", "Times a model was loaded.")
         unloads = counter("argosy:model_unloads", "Times a model was unloaded (idle, for room, engine died).")
         num_loaded = GaugeMetricFamily("argosy:num_models_loaded", "Models loaded now.")
@@ -252,9 +256,11 @@ class EngineCollector(Collector):
             adapters.add_metric(model, stats.lora_adapters)
             resident.add_metric(model, stats.lora_resident)
             adapter_reads.add_metric(model, stats.lora_reads)
+            images.add_metric(model, stats.images_encoded)
+            image_hits.add_metric(model, stats.image_cache_hits)
         num_loaded.add_metric([], len(self.models.loaded()))
         yield from (running, waiting, queued, kv_usage, kv_bytes, kv_capacity, queries, hits, preemptions)
-        yield from (drafts, accepted, adapters, resident, adapter_reads)
+        yield from (drafts, accepted, adapters, resident, adapter_reads, images, image_hits)
         yield from (loads, unloads, num_loaded, encoder_forwards)
         yield from self._fleet()
 

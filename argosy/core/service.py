@@ -84,6 +84,7 @@ class ModelInfo:
     pooling: str | None = None  # how its embeddings pool the hidden states (mean, cls, ...)
     memory_bytes: int | None = None  # loaded: weights and buffers (+ KV pool), as allocated
     kv_cache: dict[str, object] | None = None  # loaded chat model: dtype, bytes_per_token, capacity_tokens
+    accepts_images: bool = False  # a loaded vision-language model
     chat_template_source: str | None = None  # model | models file | built-in (<family>) | None
     tensor_formats: dict[str, str] | None = None  # a GGUF's types per weight role
     error: str | None = None  # failed: why it did not load
@@ -119,6 +120,7 @@ class ServiceOptions:
     chat_template: str | None = None  # the models file's, over the model's own
     tool_repair_budget: int = 1  # per request (argosy/core/tool_repair.py); a request's own wins
     kind: str = "chat"  # "rerank": a causal LM reranker, serving rerank and score (core/judge_scorer.py)
+    max_images_per_request: int = 8  # a VLM's (core/vision.py)
 
     @classmethod
     def of(cls, spec: ModelSpec, server: ServerConfig, speculative: str) -> ServiceOptions:
@@ -131,6 +133,7 @@ class ServiceOptions:
             chat_template=spec.chat_template,
             tool_repair_budget=server.tool_repair_budget,
             kind=spec.kind,
+            max_images_per_request=server.max_images_per_request,
         )
 
 
@@ -258,6 +261,7 @@ class ModelService:
             has_tools=self._chat_profile is not None,
             memory_bytes=description.memory_bytes,
             kv_cache=kv_cache_info(description),
+            accepts_images=description.accepts_images,
             tensor_formats=description.tensor_formats,
             chat_template_source=self.template_source if self._template is not None else None,
             has_fim=self.fim is not None,

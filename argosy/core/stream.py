@@ -39,6 +39,7 @@ from argosy.core.recording import GenerationRecord, SessionSpec
 from argosy.core.tool_repair import TOOL_CALL_INVALID, ToolCallRepairs
 from argosy.engine.arrivals import Arrival
 from argosy.engine.outputs import RequestOutput
+from argosy.engine.sequence import ImagePlacement
 from argosy.errors import ArgosyError
 from argosy.runner.structured import GuideSpec
 from argosy.sampling_params import RequestSampling
@@ -76,6 +77,7 @@ class CoreRequest:
     adapter_scale: float = 1.0
     # llama.cpp's per-request `lora: [{id, scale}]`, resolved against the model's adapters
     lora_ids: list[tuple[int, float]] | None = None
+    images: list[ImagePlacement] | None = None  # a VLM prompt's images (one prompt; core/vision.py)
 
 
 @dataclass(slots=True)
@@ -385,6 +387,7 @@ class CoreStream:
             guide=self.request.guide,
             arrival=self.request.arrival,
             affinity=self.request.session.affinity() if self.request.session is not None else (),
+            **({"images": self.request.images} if self.request.images else {}),
         )
         try:
             async for out in outputs:

@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from argosy.engine.adapters import AdapterSet
 from argosy.engine.arrivals import Arrival
@@ -38,6 +39,7 @@ from argosy.engine.grammar_service import GrammarService
 from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.output_processor import OutputProcessor
 from argosy.engine.outputs import EngineStats, RequestOutput
+from argosy.engine.sequence import ImagePlacement
 from argosy.errors import ArgosyError, EngineDeadError, InvalidRequestError
 from argosy.runner.structured import GrammarSpec, GuideSpec, TokenGuide, build_guide
 from argosy.sampling_params import SamplingParams
@@ -55,6 +57,7 @@ class _Add:
     params: SamplingParams
     qos: str
     guide: TokenGuide | None
+    images: list[ImagePlacement] | None = None
 
 
 @dataclass(slots=True)
@@ -163,9 +166,11 @@ class AsyncEngine:
         guide: GuideSpec | None = None,
         arrival: Arrival | None = None,
         affinity: tuple[str, ...] = (),
+        images: list[ImagePlacement] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """The request's outputs; `arrival` (from `arriving()`) is marked done once queued;
-        `affinity` is for a fleet's placement (one engine: nothing to place)."""
+        `affinity` is for a fleet's placement (one engine: nothing to place); `images`: a VLM
+        prompt's (core/vision.py)."""
         if self.dead_error is not None:
             raise EngineDeadError(f"The engine stopped: {self.dead_error}")
         token_guide: TokenGuide | None = None
@@ -182,7 +187,7 @@ class AsyncEngine:
                 raise ArgosyError(f"Request id {request_id!r} is already in flight.")
             self._streams[request_id] = stream
         processor = OutputProcessor(self.engine.source.tokenizer, prompt_token_ids, params)
-        self._send(_Add(request_id, list(prompt_token_ids), params, qos, token_guide))
+        self._send(_Add(request_id, list(prompt_token_ids), params, qos, token_guide, images))
         if arrival is not None:
             arrival.done()
         finished = False
@@ -240,6 +245,22 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self._send(_Abort(request_id))
+
+    # -- images (a VLM's, models/llava.py) -------------------------------------------------
+    def vision_info(self) -> tuple[int, str, int] | None:
+        """(image token id, its text, feature rows per image) of a VLM; None: text only."""
+        vision = self.engine.vision
+        if vision is None:
+            return None
+        text = self.engine.source.tokenizer.id_to_token(vision.image_token_id) or ""
+        return vision.image_token_id, text, vision.num_image_tokens
+
+    async def encode_images(self, images: list[Any]) -> list[Any]:
+        """Each image's features (chat/images.py ImageParts), encoded off the event loop and
+        beside the steps; an image seen lately is not encoded again."""
+        vision = self.engine.vision
+        assert vision is not None
+        return await asyncio.to_thread(vision.features, images)
 
     # -- LoRA adapters (engine/adapters.py) -----------------------------------------------
     def adapters(self) -> list[dict[str, object]]:
@@ -302,7 +323,12 @@ class AsyncEngine:
                 continue
             try:
                 self.engine.add_request(
-                    command.request_id, command.prompt_token_ids, command.params, command.qos, command.guide
+                    command.request_id,
+                    command.prompt_token_ids,
+                    command.params,
+                    command.qos,
+                    command.guide,
+                    command.images,
                 )
             except ArgosyError as exc:  # a bad request fails alone
                 stream.put(exc)

@@ -267,6 +267,7 @@ class LLMEngine:
                 self.kv_dtype,
             ),
             kv_capacity_tokens=self.num_blocks * self.config.block_size,
+            accepts_images=self.vision is not None,
         )
 
     # -- requests ------------------------------------------------------------------------
@@ -493,4 +494,6 @@ class LLMEngine:
             compile_status=self.compile_status,
             compiled_graphs=compiled_graph_count() if self.compile_status != "off" else 0,
             **(self.adapters.stats() if self.adapters is not None else {}),
+            images_encoded=self.vision.num_encoded if self.vision is not None else 0,
+            image_cache_hits=self.vision.num_cache_hits if self.vision is not None else 0,
         )

@@ -64,6 +64,8 @@ class EngineStats:
     lora_adapters: int = 0  # LoRA adapters served (engine/adapters.py)
     lora_resident: int = 0  # of which in a slot now (--max-loras)
     lora_reads: int = 0  # adapter files read (first loads, and again after an eviction)
+    images_encoded: int = 0  # a VLM's images through its vision encoder
+    image_cache_hits: int = 0  # images whose features were cached (sent again)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -102,6 +104,7 @@ class ModelDescription:
     kv_cache_dtype: str | None = None  # the KV cache's element: float16 | bfloat16 | int8 (q8_0) ...
     kv_bytes_per_token: int | None = None  # K and V of one token, all layers
     kv_capacity_tokens: int | None = None  # tokens the KV pool holds (blocks x block size)
+    accepts_images: bool = False  # a vision-language model (models/llava.py)
 
     def encode(self, text: str) -> list[int]:
         """A raw prompt's token ids, with the BOS the model's tokenizer config asks for."""

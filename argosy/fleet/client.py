@@ -28,7 +28,7 @@ from argosy.core.engine_client import NodeReport
 from argosy.engine.arrivals import Arrival
 from argosy.engine.llm_engine import validate_request
 from argosy.engine.outputs import EngineStats, ModelDescription, RequestOutput
-from argosy.errors import ArgosyError, EngineDeadError
+from argosy.errors import ArgosyError, EngineDeadError, InvalidRequestError
 from argosy.fleet.node import NodeError, NodeStats
 from argosy.fleet.placement import NodeView, NoNodeError, Placer, leading_hits, prompt_block_keys
 from argosy.runner.structured import GrammarSpec, GuideSpec
@@ -167,7 +167,10 @@ class FleetEngineClient:
         guide: GuideSpec | None = None,
         arrival: Arrival | None = None,
         affinity: tuple[str, ...] = (),
+        images: list[Any] | None = None,
     ) -> AsyncIterator[RequestOutput]:
+        if images:  # never reached: a fleet's vision_info is None, so the core refuses images
+            raise InvalidRequestError("A fleet's models read text only (yet).", param="messages")
         self._ensure_monitor()
         request_id = request_id or f"fleet-{time.monotonic_ns()}"
         if arrival is not None:

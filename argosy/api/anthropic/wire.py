@@ -24,6 +24,7 @@ import json
 import re
 from typing import Any
 
+from argosy.chat.images import IMAGE_SENTINEL, ImagePart, image_from_base64, image_from_url
 from argosy.chat.messages import (
     ChatInput,
     Message,
@@ -107,7 +108,19 @@ def text_of_blocks(value: Any, where: str) -> str:
     return "".join(texts)
 
 
-def _user_messages(content: list[Any], where: str) -> list[Message]:
+def _image_block(block: dict[str, Any], where: str) -> ImagePart:
+    """An image block's source: base64 data (a `url` source is read only as a data: URL)."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise _missing(f"{where}.source")
+    if source.get("type") == "base64":
+        return image_from_base64(source.get("data"), where)
+    if source.get("type") == "url":
+        return image_from_url(source.get("url"), where)
+    raise _refuse(f"{where}.source.type", f"expected 'base64' or 'url', got {source.get('type')!r}")
+
+
+def _user_messages(content: list[Any], where: str, images: list[ImagePart]) -> list[Message]:
     messages: list[Message] = []
     texts: list[str] = []
 
@@ -121,6 +134,9 @@ def _user_messages(content: list[Any], where: str) -> list[Message]:
         kind = _block_type(block, block_where)
         if kind == "text":
             texts.append(_string(block, "text", block_where))
+        elif kind == "image":  # read; the model says whether it reads images (core/vision.py)
+            images.append(_image_block(block, block_where))
+            texts.append(IMAGE_SENTINEL)
         elif kind == "tool_result":
             flush()
             tool_use_id = _string(block, "tool_use_id", block_where)
@@ -170,8 +186,11 @@ def _assistant_message(content: list[Any], where: str) -> Message:
     )
 
 
-def messages_from_wire(system: Any, messages: list[tuple[str, Any]]) -> list[Message]:
-    """`messages` as (role, content) pairs, after `system`."""
+def messages_from_wire(
+    system: Any, messages: list[tuple[str, Any]], images: list[ImagePart] | None = None
+) -> list[Message]:
+    """`messages` as (role, content) pairs, after `system`; image blocks read into `images`."""
+    images = [] if images is None else images
     result: list[Message] = []
     if system is not None:
         text = text_of_blocks(system, "system")
@@ -187,7 +206,7 @@ def messages_from_wire(system: Any, messages: list[tuple[str, Any]]) -> list[Mes
         if role == "assistant":
             result.append(_assistant_message(content, where))
         else:
-            result.extend(_user_messages(content, where))
+            result.extend(_user_messages(content, where, images))
     return result
 
 
@@ -266,8 +285,10 @@ def chat_input_from_wire(
     template_kwargs: dict[str, Any] | None = None,
 ) -> ChatInput:
     choice, parallel = tool_choice_from_wire(tool_choice)
+    images: list[ImagePart] = []
     return ChatInput(
-        messages=messages_from_wire(system, messages),
+        messages=messages_from_wire(system, messages, images),
+        images=images,
         tools=tools_from_wire(tools),
         tool_choice=choice,
         parallel_tool_calls=parallel,

@@ -66,6 +66,7 @@ from argosy.chat.events import (
     ToolCallStart,
 )
 from argosy.chat.fim import fim_max_tokens
+from argosy.chat.images import IMAGE_SENTINEL, ImagePart, image_from_base64
 from argosy.chat.messages import ChatInput, Message
 from argosy.chat.modalities import MEDIA_REASONS
 from argosy.core.admission import QOS_HEADER
@@ -100,12 +101,21 @@ class ChatRequest(GenerationFields):
     # an Argosy extension: calls failing their schema repaired per request (None: the server's)
     tool_repair_budget: int | None = Field(None, ge=0)
     _chat: ChatInput | None = PrivateAttr(default=None)
+    _images: list[ImagePart] = PrivateAttr(default_factory=list)
 
     def check(self) -> None:
         super().check()
         for position, message in enumerate(self.messages):
-            if message.images:
-                raise _images_refused(f"messages[{position}].images", self.model)
+            if message.images:  # read; each stands before its message's text, as Ollama puts it
+                if not isinstance(message.images, list):
+                    raise InvalidRequestError(
+                        f"Invalid 'messages[{position}].images': expected a list.",
+                        f"messages[{position}].images",
+                    )
+                for j, data in enumerate(message.images):
+                    self._images.append(image_from_base64(data, f"messages[{position}].images[{j}]"))
+                message.content = IMAGE_SENTINEL * len(message.images) + (message.content or "")
+                message.images = None
         if self.messages:
             chat = self.chat_input()
             check_chat_options(chat.tools, chat.tool_choice, chat.output_format)
@@ -125,6 +135,7 @@ class ChatRequest(GenerationFields):
                 add_generation_prompt=not prefill,
                 continue_final_message=prefill,
                 tool_repair_budget=self.tool_repair_budget,
+                images=self._images,
             )
         return self._chat
 

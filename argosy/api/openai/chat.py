@@ -62,6 +62,7 @@ from argosy.chat.events import (
     ToolCallArgsDelta,
     ToolCallStart,
 )
+from argosy.chat.images import ImagePart
 from argosy.chat.messages import ChatInput, check_continuation
 from argosy.core.chat_request import prepare_chat
 from argosy.core.constraints import check_chat_options
@@ -85,21 +86,25 @@ class ChatMessage(BaseModel):
     content: Any = None  # a string or content parts: read by ChatCompletionRequest.check
     name: str | None = None
 
-    def read_content(self, where: str) -> None:
-        """Content parts joined into the text they carry; a 400 naming the part if malformed."""
+    def read_content(self, where: str, images: list[ImagePart] | None = None) -> None:
+        """Content parts joined into the text they carry; a 400 naming the part if malformed.
+        With `images`, image parts are read into it (else refused)."""
         if self.content is None or isinstance(self.content, str):
             return
         if not isinstance(self.content, list):
             raise InvalidRequestError(f"'{where}' must be a string or a list of content parts.", where)
-        self.content = "".join(text_of_parts(self.content, where))
+        self.content = "".join(text_of_parts(self.content, where, images=images))
 
 
-def read_chat_messages(messages: list[ChatMessage], template_kwargs: dict[str, Any] | None) -> None:
+def read_chat_messages(
+    messages: list[ChatMessage], template_kwargs: dict[str, Any] | None, images: list[ImagePart] | None = None
+) -> None:
     """Each message's content parts joined into its text (a 400 naming a malformed part), and
     `chat_template_kwargs` kept off the variables the request's own fields set. What every
-    request that renders OpenAI chat messages checks first (chat completions, /tokenize)."""
+    request that renders OpenAI chat messages checks first (chat completions, /tokenize).
+    With `images`, the messages' image parts are read into it."""
     for position, message in enumerate(messages):
-        message.read_content(f"messages[{position}].content")
+        message.read_content(f"messages[{position}].content", images)
     reserved = {"messages", "add_generation_prompt", "continue_final_message", "tools"} & set(
         template_kwargs or {}
     )
@@ -172,10 +177,11 @@ class ChatCompletionRequest(SamplingFields):
     prediction: Any = None
     web_search_options: Any = None
     _chat: ChatInput | None = PrivateAttr(default=None)
+    _images: list[ImagePart] = PrivateAttr(default_factory=list)
 
     def check(self) -> None:
         """Content parts, then cross-field checks that need no model."""
-        read_chat_messages(self.messages, self.chat_template_kwargs)
+        read_chat_messages(self.messages, self.chat_template_kwargs, self._images)
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs to be true.", param="top_logprobs")
         check_chat_input(self.chat_input())
@@ -199,6 +205,7 @@ class ChatCompletionRequest(SamplingFields):
                 response_format=self.response_format,
             )
             self._chat.tool_repair_budget = self.tool_repair_budget
+            self._chat.images = self._images
         return self._chat
 
     def degraded_fields(self) -> list[str]:

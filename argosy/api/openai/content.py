@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from argosy.chat.images import IMAGE_SENTINEL, ImagePart, image_from_url
 from argosy.chat.modalities import media_refusal
 from argosy.errors import InvalidRequestError
 
@@ -31,15 +32,26 @@ def part_type(part: Any) -> str | None:
 
 
 def text_of_parts(
-    value: list[Any], where: str, text_types: frozenset[str] = frozenset({"text"}), refusals: bool = False
+    value: list[Any],
+    where: str,
+    text_types: frozenset[str] = frozenset({"text"}),
+    refusals: bool = False,
+    images: list[ImagePart] | None = None,
 ) -> list[str]:
-    """The texts of `value`'s parts, in order; `where` names the content (`messages[2].content`)."""
+    """The texts of `value`'s parts, in order; `where` names the content (`messages[2].content`).
+    With `images`, an image part (a data: URL) is read into it and stands as IMAGE_SENTINEL in
+    the text (the model then says whether it reads images); without, it is refused."""
     texts: list[str] = []
     for position, part in enumerate(value):
         part_where = f"{where}[{position}]"
         kind = part_type(part)
         if kind in text_types and isinstance(part.get("text"), str):
             texts.append(part["text"])
+        elif kind in ("image_url", "input_image") and images is not None:
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            images.append(image_from_url(url, part_where))
+            texts.append(IMAGE_SENTINEL)
         elif refusals and kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
         elif kind in MEDIA_PARTS:

@@ -73,6 +73,8 @@ def model_json(info: ModelInfo) -> dict[str, Any]:
             "description": info.description,
         }
     else:
+        if info.accepts_images:  # a vision-language model reads image parts
+            capabilities |= {"modalities": ["text", "image"], "modality_support": modality_support("image")}
         capabilities |= {
             "chat_template": info.has_chat_template,
             "chat_template_source": info.chat_template_source,
