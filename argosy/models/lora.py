@@ -17,7 +17,8 @@ by a key. Loading or dropping an adapter changes no graph and compiles nothing.
 A fused module's adapters stack: the A of each part it holds (q, k, v) one above the other, and
 a B of the whole output's rows whose columns for another part's rank are zero; a zero product
 adds nothing, so each output sums exactly its own part's terms, in order. The adapter's scale
-(alpha / r) is folded into B.
+(alpha / r) is folded into B, which is held transposed ([rank, out]: the kernel runs across
+the outputs, one rank at a time).
 """
 
 from __future__ import annotations
@@ -40,44 +41,48 @@ _EMPTY = torch.empty(0)
 
 
 class LoraTarget:
-    """One projection's adapters: per slot, A [R, in] and B [out, R] in float32, or empty
-    tensors where the slot's adapter does not touch it."""
+    """One projection's adapters: per slot, A [R, in] and B transposed [R, out] in float32, or
+    empty tensors where the slot's adapter does not touch it. With the native kernels, a copy
+    of the table lives in C++ too (argosy_iq::lora_set), where the compiled graph's op reads it."""
 
     def __init__(self, parts: list[tuple[str, int, int]], in_features: int, out_features: int) -> None:
         self.key = next(_keys)
         self.parts = parts  # (HF module name, first output row, end) of each part it holds
         self.in_features, self.out_features = in_features, out_features
         self.a: list[torch.Tensor] = []
-        self.b: list[torch.Tensor] = []
+        self.bt: list[torch.Tensor] = []
+        self.native = invariant_ops_ready()
         _TARGETS[self.key] = self
+        if self.native:  # the C++ table's entry goes with this object
+            weakref.finalize(self, torch.ops.argosy_iq.lora_clear, self.key, -1)
 
-    def set(self, slot: int, a: torch.Tensor, b: torch.Tensor) -> None:
+    def set(self, slot: int, a: torch.Tensor, bt: torch.Tensor) -> None:
         while len(self.a) <= slot:
             self.a.append(_EMPTY)
-            self.b.append(_EMPTY)
-        self.a[slot], self.b[slot] = a.contiguous(), b.contiguous()
+            self.bt.append(_EMPTY)
+        self.a[slot], self.bt[slot] = a.contiguous(), bt.contiguous()
+        if self.native:
+            torch.ops.argosy_iq.lora_set(self.key, slot, self.a[slot], self.bt[slot])
 
     def clear(self, slot: int) -> None:
         if slot < len(self.a):
-            self.a[slot] = self.b[slot] = _EMPTY
+            self.a[slot] = self.bt[slot] = _EMPTY
+            if self.native:
+                torch.ops.argosy_iq.lora_clear(self.key, slot)
 
     def apply(
         self, y: torch.Tensor, x: torch.Tensor, slot: torch.Tensor, scale: torch.Tensor
     ) -> torch.Tensor:
+        """Without the native kernels (or in another dtype, or on an accelerator): the same
+        products, per adapter, with torch's matmuls."""
         rows = y.shape[0]
-        if not any(a.numel() for a in self.a):
-            return y.clone()
-        slot, scale = slot[:rows], scale[:rows]
-        if invariant_ops_ready() and y.device.type == "cpu":
-            out: torch.Tensor = torch.ops.argosy_iq.lora(y.float(), x.float(), slot, scale, self.a, self.b)
-            return out.to(y.dtype)
-        # without the native kernels (or on an accelerator): the same products, per adapter
         out = y.float().clone()
-        for k, (a, b) in enumerate(zip(self.a, self.b, strict=True)):
+        slot, scale = slot[:rows], scale[:rows]
+        for k, (a, bt) in enumerate(zip(self.a, self.bt, strict=True)):
             picked = (slot == k).nonzero().squeeze(1)
             if a.numel() == 0 or picked.numel() == 0:
                 continue
-            delta = (x[picked].float() @ a.to(x.device).T) @ b.to(x.device).T
+            delta = (x[picked].float() @ a.to(x.device).T) @ bt.to(x.device)
             out[picked] += scale[picked].unsqueeze(1) * delta
         return out.to(y.dtype)
 
@@ -126,14 +131,15 @@ class LoraLinear(nn.Module):
         self.register_buffer("scale", rows.scale, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
-        if y.dim() != 2:  # token rows, as the decoders call their projections; else flattened
-            flat = torch.ops.argosy.lora(
-                y.reshape(-1, y.shape[-1]), x.reshape(-1, x.shape[-1]), self.slot, self.scale, self.key
-            )
-            return flat.view(y.shape)
-        out: torch.Tensor = torch.ops.argosy.lora(y, x, self.slot, self.scale, self.key)
-        return out
+        base = self.base(x)
+        # token rows, as the decoders call their projections (else flattened)
+        y, rows = base.reshape(-1, base.shape[-1]), x.reshape(-1, x.shape[-1])
+        if self.target.native and y.dtype == rows.dtype == torch.float32 and y.device.type == "cpu":
+            # the C++ op over the C++ table: no Python in a compiled graph's step
+            out: torch.Tensor = torch.ops.argosy_iq.lora_apply(y, rows, self.slot, self.scale, self.key)
+        else:
+            out = torch.ops.argosy.lora(y, rows, self.slot, self.scale, self.key)
+        return out.view(base.shape)
 
 
 class LoraModel:
@@ -181,13 +187,13 @@ class LoraModel:
                 target.clear(slot)
                 continue
             rank = sum(a.shape[0] for _, _, a, _, _ in found)
-            stacked_b = torch.zeros(target.out_features, rank, dtype=torch.float32)
+            stacked_bt = torch.zeros(rank, target.out_features, dtype=torch.float32)
             at = 0
             for lo, hi, a, b, scale in sorted(found, key=lambda part: part[0]):
-                stacked_b[lo:hi, at : at + a.shape[0]] = b.float() * scale
+                stacked_bt[at : at + a.shape[0], lo:hi] = (b.float() * scale).T
                 at += a.shape[0]
             stacked_a = torch.cat([a.float() for _, _, a, _, _ in sorted(found, key=lambda part: part[0])])
-            target.set(slot, stacked_a, stacked_b)
+            target.set(slot, stacked_a, stacked_bt)
 
     def clear(self, slot: int) -> None:
         for target in self.targets:

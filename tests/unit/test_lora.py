@@ -136,7 +136,7 @@ def test_the_native_kernel_gives_a_row_the_same_bits_alone_and_batched_on_every_
     rows, d_in, d_out = 9, 100, 70
     y, x = torch.randn(rows, d_out, generator=g), torch.randn(rows, d_in, generator=g)
     a = [torch.randn(8, d_in, generator=g), torch.empty(0), torch.randn(4, d_in, generator=g)]
-    b = [torch.randn(d_out, 8, generator=g), torch.empty(0), torch.randn(d_out, 4, generator=g)]
+    bt = [torch.randn(8, d_out, generator=g), torch.empty(0), torch.randn(4, d_out, generator=g)]
     slot = torch.tensor([0, -1, 2, 1, 0, 2, 7, 0, 2])
     scale = torch.tensor([1.0, 0.0, 0.5, 1.0, 2.0, 1.0, 1.0, -1.0, 1.0])
     path = torch.ops.argosy_iq.path()
@@ -144,10 +144,10 @@ def test_the_native_kernel_gives_a_row_the_same_bits_alone_and_batched_on_every_
         outs = []
         for name in torch.ops.argosy_iq.paths():
             torch.ops.argosy_iq.set_path(name)
-            out = torch.ops.argosy_iq.lora(y, x, slot, scale, a, b)
+            out = torch.ops.argosy_iq.lora(y, x, slot, scale, a, bt)
             for r in range(rows):  # alone
                 one = torch.ops.argosy_iq.lora(
-                    y[r : r + 1], x[r : r + 1], slot[r : r + 1], scale[r : r + 1], a, b
+                    y[r : r + 1], x[r : r + 1], slot[r : r + 1], scale[r : r + 1], a, bt
                 )
                 assert torch.equal(one[0], out[r]), (name, r)
             outs.append(out)
@@ -156,7 +156,7 @@ def test_the_native_kernel_gives_a_row_the_same_bits_alone_and_batched_on_every_
     assert all(torch.equal(o, outs[0]) for o in outs)
     for r in (1, 3, 6):  # base, an adapter that does not touch it, a slot past the list
         assert torch.equal(outs[0][r], y[r])
-    exact = y[0].double() + (b[0].double() @ (a[0].double() @ x[0].double()))
+    exact = y[0].double() + (bt[0].double().T @ (a[0].double() @ x[0].double()))
     assert torch.allclose(outs[0][0].double(), exact, atol=1e-4)
 
 
