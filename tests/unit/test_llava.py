@@ -46,24 +46,26 @@ class TinyLlava:
         return LLMEngine(EngineConfig(**values), source=self.source)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> TinyLlava:
+def build_tiny_llava(folder: Path, tower: str = "clip") -> TinyLlava:
+    """A seeded tiny LLaVA: a CLIP tower (its class token dropped: the default strategy) or a
+    SigLIP one (no class token: the full strategy), 16 patches of 8 pixels either way."""
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
         LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
+        SiglipImageProcessor,
+        SiglipVisionConfig,
     )
 
-    folder = tmp_path_factory.mktemp("tiny-llava")
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=32,
-        patch_size=8,
+    shape = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32
+    )
+    vision = (
+        CLIPVisionConfig(patch_size=8, **shape)
+        if tower == "clip"
+        else SiglipVisionConfig(patch_size=8, **shape)
     )
     text = LlamaConfig(
         vocab_size=300,
@@ -78,7 +80,13 @@ def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> TinyLlava:
         eos_token_id=None,
         pad_token_id=None,
     )
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN)
+    strategy = "default" if tower == "clip" else "full"
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=IMAGE_TOKEN,
+        vision_feature_select_strategy=strategy,
+    )
     torch.manual_seed(5)
     model = LlavaForConditionalGeneration(config).float().eval()
     with torch.no_grad():
@@ -87,8 +95,13 @@ def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> TinyLlava:
             if name.endswith("norm.weight") or "layernorm.weight" in name or "layer_norm" in name:
                 param.add_(1.0)
     model.save_pretrained(folder)
-    processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    processor.save_pretrained(folder)
+    if tower == "clip":
+        processor: object = CLIPImageProcessor(
+            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+        )
+    else:
+        processor = SiglipImageProcessor(size={"height": 32, "width": 32})
+    processor.save_pretrained(folder)  # type: ignore[attr-defined]
     source = ModelSource(
         name="tiny-llava",
         architecture="LlamaForCausalLM",
@@ -103,6 +116,11 @@ def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> TinyLlava:
         add_bos_token=False,
     )
     return TinyLlava(model, processor, source, folder)
+
+
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory: pytest.TempPathFactory) -> TinyLlava:
+    return build_tiny_llava(tmp_path_factory.mktemp("tiny-llava"))
 
 
 def images(seed: int, count: int) -> list[object]:
@@ -205,3 +223,33 @@ def test_the_prefix_cache_tells_two_images_apart(tiny_llava: TinyLlava) -> None:
     engine.add_request("a2", ids, greedy(8), images=placements(engine, ids, first))
     again = run(engine, {})["a2"]
     assert again.num_cached_tokens > 0 and again.token_ids == a.token_ids
+
+
+def test_a_siglip_tower_gives_transformers_tokens_too(tmp_path: Path) -> None:
+    tiny = build_tiny_llava(tmp_path, tower="siglip")
+    engine = tiny.engine()
+    assert engine.vision is not None and engine.vision.num_image_tokens == PATCHES
+    ids, pictures = prompt_with(1, 12), images(12, 1)
+    pixels = tiny.processor(pictures, return_tensors="pt")["pixel_values"]  # type: ignore[operator]
+    ours = torch.stack([ImageProcessor(tiny.folder, 32)(p) for p in pictures])
+    assert torch.allclose(ours, pixels, atol=1e-5)
+    tokens, _ = reference(tiny, ids, pictures, 12)
+    engine.add_request("s", ids, greedy(12), images=placements(engine, ids, pictures))
+    assert run(engine, {})["s"].token_ids == tokens
+
+
+def test_bfloat16_stays_within_its_tolerance_of_transformers_bfloat16(tiny_llava: TinyLlava) -> None:
+    """bf16 weights and activations (the fast mode) against transformers in bf16 on the same
+    weights: greedy tokens equal while both agree on the first, its logprob within bf16's
+    rounding (2^-8 relative, through the tower and two decoder layers)."""
+    import copy
+    import dataclasses
+
+    bf16 = dataclasses.replace(tiny_llava, reference=copy.deepcopy(tiny_llava.reference).to(torch.bfloat16))
+    engine = tiny_llava.engine(dtype="bfloat16")
+    ids, pictures = prompt_with(1, 4), images(1, 1)
+    tokens, logprobs = reference(bf16, ids, pictures, 4)
+    engine.add_request("b", ids, greedy(4, logprobs=0), images=placements(engine, ids, pictures))
+    out = run(engine, {})["b"]
+    assert out.token_ids[0] == tokens[0]
+    assert abs(out.logprobs[0].logprob - float(logprobs[0, tokens[0]])) < 0.1
