@@ -98,7 +98,11 @@ def checked_image(raw: bytes, where: str) -> ImagePart:
             image.load()  # a truncated or corrupt file fails here, not in the encoder
     except InvalidRequestError:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except UnidentifiedImageError:  # its own text names the BytesIO object, an address per request
+        raise InvalidRequestError(
+            f"'{where}' is not an image this server can read: no image format knows its bytes.", where
+        ) from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise InvalidRequestError(f"'{where}' is not an image this server can read: {exc}.", where) from None
     return ImagePart(where, raw, width, height)
 

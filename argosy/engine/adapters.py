@@ -172,7 +172,7 @@ class AdapterSet:
         assert adapter.slot is not None
         scale = seq.params.lora_scale
         salt = adapter.salt if scale == 1.0 else adapter.salt + b"@" + float(scale).hex().encode()
-        seq.lora_slot, seq.cache_salt = adapter.slot, adapter.salt  # PROBE-REVERT
+        seq.lora_slot, seq.cache_salt = adapter.slot, salt
         self._held[seq.request_id] = adapter.name
 
     def let_go(self, request_id: str) -> None:
