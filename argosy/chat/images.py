@@ -93,7 +93,7 @@ def checked_image(raw: bytes, where: str) -> ImagePart:
                 )
             if kind not in FORMATS:
                 raise InvalidRequestError(
-                    f"'{where}' is a {kind} image; the formats read are {', '.join(FORMATS)}.", where
+                    f"'{where}' is an image in {kind} format; the formats read are {', '.join(FORMATS)}.", where
                 )
             image.load()  # a truncated or corrupt file fails here, not in the encoder
     except InvalidRequestError:

@@ -206,7 +206,8 @@ class ModelRegistry:
             )
         found = self._by_name.get(name) or self.adapters.base_of(name)
         if found is None:
-            raise ModelNotFoundError(name, [e.spec.id for e in self.entries])
+            served = [e.spec.id for e in self.entries] + [a for e in self.entries for a, _ in e.spec.adapters]
+            raise ModelNotFoundError(name, served)
         if kinds is not None and found.spec.kind not in kinds:
             article = "an" if found.spec.kind[0] in "aeiou" else "a"
             needed = " or ".join(kinds)

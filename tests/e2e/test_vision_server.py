@@ -262,8 +262,8 @@ def bad_images() -> dict[str, dict[str, Any]]:
     return {
         "no image format knows its bytes": image_url(GARBAGE),
         "truncated": image_url(encoded(small)[:60]),
-        "TIFF image": image_url(encoded(small, "TIFF"), "image/tiff"),
-        "ICO image": image_url(encoded(small, "ICO"), "image/x-icon"),
+        "in TIFF format": image_url(encoded(small, "TIFF"), "image/tiff"),
+        "in ICO format": image_url(encoded(small, "ICO"), "image/x-icon"),
         "7000x7000 pixels": image_url(huge),
         "only data: URLs are read": {
             "type": "image_url",
