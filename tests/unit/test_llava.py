@@ -23,7 +23,9 @@ from argosy.engine.llm_engine import LLMEngine
 from argosy.engine.sequence import ImagePlacement
 from argosy.models.llava import ImageProcessor, vlm_text_config
 from argosy.models.source import ModelSource
+from tests.unit.conftest import TINY_VOCAB
 from tests.unit.test_engine import greedy, run, run_one
+from tests.unit.test_lora import reference_greedy
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -68,7 +70,7 @@ def build_tiny_llava(folder: Path, tower: str = "clip") -> TinyLlava:
         else SiglipVisionConfig(patch_size=8, **shape)
     )
     text = LlamaConfig(
-        vocab_size=300,
+        vocab_size=TINY_VOCAB,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -161,18 +163,7 @@ def reference(
     tiny: TinyLlava, ids: list[int], pictures: list[object], n: int
 ) -> tuple[list[int], torch.Tensor]:
     pixels = tiny.processor(pictures, return_tensors="pt")["pixel_values"]  # type: ignore[operator]
-    out = tiny.reference.generate(
-        input_ids=torch.tensor([ids]),
-        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-        pixel_values=pixels,
-        max_new_tokens=n,
-        min_new_tokens=n,
-        do_sample=False,
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences[0, len(ids) :].tolist(), torch.log_softmax(torch.cat(out.logits).float(), -1)
+    return reference_greedy(tiny.reference, ids, n, pixel_values=pixels)
 
 
 def test_the_image_processor_gives_clip_processors_pixels(tiny_llava: TinyLlava) -> None:

@@ -74,9 +74,14 @@ def invariant(**options: object) -> dict[str, object]:
 
 
 @torch.inference_mode()
-def reference_greedy(model: torch.nn.Module, ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:
+def reference_greedy(
+    model: torch.nn.Module, ids: list[int], n: int, **inputs: object
+) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy tokens and each step's log-softmax; `inputs`: the model's others
+    (a VLM's pixel_values)."""
     out = model.generate(
         input_ids=torch.tensor([ids]),
+        **inputs,
         attention_mask=torch.ones(1, len(ids), dtype=torch.long),
         max_new_tokens=n,
         min_new_tokens=n,
