@@ -34,6 +34,7 @@ class ImagePart:
     data: bytes  # the image file's bytes
     width: int
     height: int
+    format: str = "PNG"  # Pillow's name of its format
 
     @property
     def digest(self) -> bytes:
@@ -93,7 +94,8 @@ def checked_image(raw: bytes, where: str) -> ImagePart:
                 )
             if kind not in FORMATS:
                 raise InvalidRequestError(
-                    f"'{where}' is an image in {kind} format; the formats read are {', '.join(FORMATS)}.", where
+                    f"'{where}' is an image in {kind} format; the formats read are {', '.join(FORMATS)}.",
+                    where,
                 )
             image.load()  # a truncated or corrupt file fails here, not in the encoder
     except InvalidRequestError:
@@ -104,7 +106,7 @@ def checked_image(raw: bytes, where: str) -> ImagePart:
         ) from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise InvalidRequestError(f"'{where}' is not an image this server can read: {exc}.", where) from None
-    return ImagePart(where, raw, width, height)
+    return ImagePart(where, raw, width, height, str(kind))
 
 
 def check_count(images: list[ImagePart], limit: int) -> None:

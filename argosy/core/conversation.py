@@ -18,10 +18,12 @@ prefix cache still serves whatever token prefix the two share.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from argosy.chat.images import IMAGE_SENTINEL, ImagePart, image_from_url
 from argosy.chat.messages import Message, ToolCallRecord
 from argosy.sessions.events import MessageAppended, SessionEvent, SpanGenerated, ToolUsed
 from argosy.sessions.store import StoredEvent
@@ -72,13 +74,35 @@ def message_events(messages: Iterable[Message]) -> list[SessionEvent]:
     ]
 
 
-def content_text(content: str | list[dict[str, Any]] | None) -> str:
-    """A message's text: a string as is, text parts joined."""
+def content_text(content: str | list[dict[str, Any]] | None, images: bool = False) -> str:
+    """A message's text: a string as is, text parts joined (with `images`, IMAGE_SENTINEL where
+    each stored image part stands: what the chat layer renders)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(str(part.get("text", "")) for part in content if isinstance(part.get("text"), str))
+    return "".join(
+        IMAGE_SENTINEL if images and part.get("type") == "input_image" else str(part.get("text", ""))
+        for part in content
+        if isinstance(part.get("text"), str) or (images and part.get("type") == "input_image")
+    )
+
+
+def image_part(image: ImagePart) -> dict[str, Any]:
+    """An image as a stored message part (Responses' input_image: a data: URL of its bytes)."""
+    data = base64.b64encode(image.data).decode()
+    return {"type": "input_image", "image_url": f"data:image/{image.format.lower()};base64,{data}"}
+
+
+def message_images(message: MessageAppended, where: str) -> list[ImagePart]:
+    """The images of a stored message's parts, in order (read again from their data: URLs)."""
+    if not isinstance(message.content, list):
+        return []
+    return [
+        image_from_url(part.get("image_url"), where)
+        for part in message.content
+        if part.get("type") == "input_image"
+    ]
 
 
 def generated_message(events: Sequence[SessionEvent]) -> MessageAppended | None:
@@ -160,7 +184,7 @@ def chat_message(message: MessageAppended) -> Message:
     ]
     return Message(
         role="system" if message.role == "developer" else message.role,
-        content=content_text(message.content),
+        content=content_text(message.content, images=True),
         name=message.name,
         reasoning=message.reasoning,
         tool_calls=calls,

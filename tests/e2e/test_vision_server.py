@@ -350,3 +350,47 @@ def test_image_requests_batched_with_text_only_ones_answer_as_alone(gpt: openai.
         with ThreadPoolExecutor(len(contents)) as pool:
             together = list(pool.map(lambda content: chat_ids(gpt, content), contents))
         assert together == alone
+
+
+def test_responses_input_image_answers_transformers_and_is_kept_for_the_next_turn(
+    llava: TinyLlava, gpt: openai.OpenAI, http: httpx.Client
+) -> None:
+    image = picture(11)
+    url = image_url(encoded(image))["image_url"]["url"]
+    first = gpt.responses.create(
+        model=MODEL,
+        input=[
+            {
+                "role": "user",
+                "content": [{"type": "input_text", "text": ASK}, {"type": "input_image", "image_url": url}],
+            }
+        ],  # type: ignore[list-item]
+        temperature=0,
+        max_output_tokens=MAX_TOKENS,
+    )
+    assert first.output_text.split() == words_of(reference(llava, [ASK + IMAGE_TEXT], [image]))
+    before = scrape(http)
+    # the next turn reads the stored image again: its features come from the cache
+    second = gpt.responses.create(
+        model=MODEL, previous_response_id=first.id, input=ASK, temperature=0, max_output_tokens=MAX_TOKENS
+    )
+    after = scrape(http)
+
+    def rise(name: str) -> float:
+        return value(after, name, model=MODEL) - value(before, name, model=MODEL)
+
+    assert second.status == "incomplete" and second.output_text  # its 12 tokens ran out: not an error
+    assert rise("argosy:image_cache_hits_total") == 1 and rise("argosy:images_encoded_total") == 0
+
+
+def test_ollama_generate_images_stand_before_the_prompt(llava: TinyLlava, llama: ollama.Client) -> None:
+    image = picture(12)
+    reply = llama.generate(
+        model=MODEL,
+        prompt=ASK,
+        images=[encoded(image)],
+        options={"temperature": 0, "num_predict": MAX_TOKENS},
+        logprobs=True,
+    )
+    assert reply.logprobs is not None
+    assert [VOCAB[entry.token] for entry in reply.logprobs] == reference(llava, [IMAGE_TEXT + ASK], [image])

@@ -20,7 +20,8 @@ An empty `messages` / `prompt` only loads the model (`done_reason: "load"`), or 
 are named degraded. It runs on the model's satellite where the models file names one (the
 lines still name the requested model; the done line's `fim.served_by` names the one that
 generated), and without `num_predict` stops after 128 tokens (the FIM default). Refused
-with a 400 naming the field: `images` (the served models read text only), `width` /
+with a 400 naming the field: `images` on a model without a vision encoder (or with `raw`,
+`template`, `suffix` or `context`: an image is placed by the chat template), `width` /
 `height` / `steps` (no image model is configured), `think` on a model that does not reason. What is learned only while
 streaming (a request timeout) is listed in the last line's `x_argosy_degraded`.
 """
@@ -68,7 +69,6 @@ from argosy.chat.events import (
 from argosy.chat.fim import fim_max_tokens
 from argosy.chat.images import IMAGE_SENTINEL, ImagePart, image_from_base64
 from argosy.chat.messages import ChatInput, Message
-from argosy.chat.modalities import MEDIA_REASONS
 from argosy.core.admission import QOS_HEADER
 from argosy.core.chat_request import PreparedChat, prepare_chat
 from argosy.core.constraints import check_chat_options
@@ -84,14 +84,6 @@ router = APIRouter()
 
 # what the chat layer names (OpenAI's words) -> this dialect's field
 _DEGRADED_NAMES = {"response_format": "format"}
-
-
-def _images_refused(where: str, model: str) -> InvalidRequestError:
-    return InvalidRequestError(
-        f"Invalid '{where}': model \"{model}\" reads text only; it cannot take images "
-        f"({MEDIA_REASONS['image']}).",
-        where,
-    )
 
 
 class ChatRequest(GenerationFields):
@@ -155,11 +147,12 @@ class GenerateRequest(GenerationFields):
     width: int | None = None
     height: int | None = None
     steps: int | None = None
+    _images: list[ImagePart] = PrivateAttr(default_factory=list)
 
     def check(self) -> None:
         super().check()
         if self.images:
-            raise _images_refused("images", self.model)
+            self._read_images()
         for name in ("width", "height", "steps"):
             if getattr(self, name) is not None:
                 raise InvalidRequestError(
@@ -189,12 +182,32 @@ class GenerateRequest(GenerationFields):
     def uses_chat_template(self) -> bool:
         return not self.raw and self.template is None
 
+    def _read_images(self) -> None:
+        """`images` read and checked (each stands before the prompt's text, as Ollama puts
+        them); only through the model's chat template, and without `context` (whose tokens
+        would move the images' places)."""
+        if not isinstance(self.images, list):
+            raise InvalidRequestError("Invalid 'images': expected a list of base64 images.", "images")
+        for name, given in (("raw", self.raw), ("template", self.template), ("suffix", self.suffix)):
+            if given:
+                raise InvalidRequestError(
+                    f"Invalid 'images': images are placed by the model's chat template, which '{name}' skips.",
+                    "images",
+                )
+        if self.context:
+            raise InvalidRequestError("Invalid 'images': images with 'context' are not supported.", "images")
+        self._images = [image_from_base64(data, f"images[{j}]") for j, data in enumerate(self.images)]
+
     def chat_input(self) -> ChatInput:
+        prompt = IMAGE_SENTINEL * len(self._images) + self.prompt
         messages = ([Message("system", self.system)] if self.system is not None else []) + [
-            Message("user", self.prompt)
+            Message("user", prompt)
         ]
         return ChatInput(
-            messages=messages, output_format=self.output_format(), template_kwargs=self.think_kwargs()
+            messages=messages,
+            output_format=self.output_format(),
+            template_kwargs=self.think_kwargs(),
+            images=self._images,
         )
 
 

@@ -31,7 +31,8 @@ from typing import Any
 from argosy.api.openai.content import text_of_parts
 from argosy.api.wire import token_logprob_json
 from argosy.chat.events import TokenLogprobs
-from argosy.core.conversation import content_text
+from argosy.chat.images import IMAGE_SENTINEL, ImagePart
+from argosy.core.conversation import content_text, image_part
 from argosy.core.session_log import logprobs_of
 from argosy.errors import InvalidRequestError
 from argosy.sessions.events import Finished, MessageAppended, SessionEvent, SpanGenerated, ToolUsed
@@ -79,7 +80,8 @@ def input_events(value: Any, param: str = "input") -> list[MessageAppended]:
             raise InvalidRequestError(f"'{where}' must be an object (an input item).", where)
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            draft = _Draft(_role(item, where), _message_content(item.get("content"), f"{where}.content"))
+            content = _message_content(item.get("content"), f"{where}.content", images=True)
+            draft = _Draft(_role(item, where), content)
             if draft.role == "assistant" and reasoning:
                 draft.reasoning, reasoning = "".join(reasoning), []
             drafts.append(draft)
@@ -141,15 +143,21 @@ def _arguments(item: dict[str, Any], where: str) -> str:
     raise InvalidRequestError(f"'{where}.arguments' must be a JSON string.", f"{where}.arguments")
 
 
-def _message_content(value: Any, where: str) -> str | list[dict[str, Any]]:
-    """A string as is; parts as text parts (media refused, naming the part)."""
+def _message_content(value: Any, where: str, images: bool = False) -> str | list[dict[str, Any]]:
+    """A string as is; parts as text parts, and with `images` input_image parts (data: URLs,
+    read and checked now; stored as they came, so a continued conversation has them), other
+    media refused naming the part."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
         raise InvalidRequestError(f"'{where}' must be a string or a list of content parts.", where)
-    texts = text_of_parts(value, where, text_types=frozenset(_TEXT_PARTS), refusals=True)
-    parts: list[dict[str, Any]] = [{"type": "text", "text": text} for text in texts]
-    return parts
+    read: list[ImagePart] | None = [] if images else None
+    texts = text_of_parts(value, where, text_types=frozenset(_TEXT_PARTS), refusals=True, images=read)
+    pictures = iter(read or [])
+    return [
+        image_part(next(pictures)) if text == IMAGE_SENTINEL else {"type": "text", "text": text}
+        for text in texts
+    ]
 
 
 def _reasoning_text(item: dict[str, Any]) -> str:
@@ -259,13 +267,19 @@ def input_item(message: MessageAppended, key: str, seq: int) -> list[dict[str, A
     items: list[dict[str, Any]] = []
     text = content_text(message.content)
     if message.role != "assistant":
-        part = {"type": "input_text", "text": text}
+        stored = message.content if isinstance(message.content, list) else [{"type": "text", "text": text}]
+        parts = [
+            part
+            if part.get("type") == "input_image"
+            else {"type": "input_text", "text": part.get("text", "")}
+            for part in stored
+        ]
         items.append(
             {
                 "id": item_id("message", key, f"i{seq}"),
                 "type": "message",
                 "role": message.role,
-                "content": [part],
+                "content": parts,
                 "status": "completed",
             }
         )

@@ -36,7 +36,13 @@ from argosy.api.wire import WireModel, named_unknown
 from argosy.chat.messages import ChatInput, Message, OutputFormat, ToolChoice, ToolDefinition
 from argosy.core.chat_request import PreparedChat, prepare_chat
 from argosy.core.constraints import check_chat_options
-from argosy.core.conversation import chat_message, continued_prompt, generated_token_ids, history_messages
+from argosy.core.conversation import (
+    chat_message,
+    continued_prompt,
+    generated_token_ids,
+    history_messages,
+    message_images,
+)
 from argosy.core.service import ModelService
 from argosy.errors import InvalidRequestError
 from argosy.sampling_params import MAX_LOGPROBS, RequestSampling
@@ -297,7 +303,14 @@ async def build_turn(
     history = history_messages(previous.events) if previous is not None else []
     messages = [Message("system", body.instructions)] if body.instructions else []
     messages += [chat_message(m) for m in [*history, *inputs]]
-    prepared = await prepare_chat(core, body.chat_input(messages))
+    chat = body.chat_input(messages)
+    # the conversation's images, in the order the messages hold them (each message's parts)
+    chat.images = [
+        image
+        for position, m in enumerate([*history, *inputs])
+        for image in message_images(m, "previous_response_id" if position < len(history) else "input")
+    ]
+    prepared = await prepare_chat(core, chat)
     degraded = ["text.format" if field == "response_format" else field for field in prepared.degraded]
     if (body.reasoning or {}).get("effort") is not None and not core.chat_profile().reads("reasoning_effort"):
         degraded.append("reasoning.effort")
