@@ -18,6 +18,7 @@ else goes to the server as generated.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 from collections import Counter
@@ -110,11 +111,57 @@ def openai_schema() -> OpenApiSchema:
     return schemathesis.openapi.from_dict(document)
 
 
+def _bad_image_urls() -> list[str]:
+    """data: URLs of images a server must refuse with a 400 naming the part: corrupt bytes, a
+    truncated PNG, a format it does not read (TIFF), too many pixels (49M one-bit pixels in a
+    few KB), no ;base64, characters that are not base64; and a remote URL (never fetched)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    def data_url(image: Any, kind: str, cut: int | None = None) -> str:
+        out = io.BytesIO()
+        image.save(out, format=kind)
+        return "data:image/png;base64," + base64.b64encode(out.getvalue()[:cut]).decode()
+
+    small = Image.new("RGB", (16, 16), (200, 30, 30))
+    return [
+        "data:image/png;base64," + base64.b64encode(b"no image format reads this" * 8).decode(),
+        data_url(small, "PNG", cut=40),
+        data_url(small, "TIFF"),
+        data_url(Image.new("1", (7000, 7000)), "PNG"),
+        "data:image/png,not-base64",
+        "data:image/png;base64,@@@@",
+        "https://example.com/cat.png",
+    ]
+
+
+BAD_IMAGE_URLS = _bad_image_urls()
+_image_turns = itertools.count()
+
+
+def _with_bad_images(body: dict[str, Any]) -> None:
+    """Every image part a generated chat body holds gets one of BAD_IMAGE_URLS in turn (a
+    generated url is nearly never a data: URL, so the image readers would go unfuzzed)."""
+    for message in body.get("messages") or []:
+        parts = message.get("content") if isinstance(message, dict) else None
+        for part in parts if isinstance(parts, list) else []:
+            if (
+                isinstance(part, dict)
+                and part.get("type") == "image_url"
+                and isinstance(part.get("image_url"), dict)
+            ):
+                part["image_url"]["url"] = BAD_IMAGE_URLS[next(_image_turns) % len(BAD_IMAGE_URLS)]
+
+
 def bounded(body: Any, model: str | None, path: str) -> Any:
     """`body` with its token budget at most MAX_TOKENS (set when absent: a chat completion
-    without one may run to the end of the context) and, where `model` is given, a model this
-    server serves (a generated model name only ever meets the 404 for an unknown model)."""
+    without one may run to the end of the context), its image parts' urls bad images
+    (_with_bad_images) and, where `model` is given, a model this server serves (a generated
+    model name only ever meets the 404 for an unknown model)."""
     if isinstance(body, dict):
+        _with_bad_images(body)
         if model is not None and "model" in body:
             body["model"] = model
         budget = "max_output_tokens" if path.endswith("/responses") else "max_tokens"

@@ -222,3 +222,23 @@ def test_a_bad_keys_file_stops_start_up(tmp_path: Path, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         configs("--api-keys", str(keys))
     assert "--api-keys" in capsys.readouterr().err
+
+
+def test_lora_adapters_from_flags_and_the_models_file(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text(
+        '[[model]]\nsource = "minilm"\n\n[[model]]\nid = "chat"\nsource = "smollm2"\n'
+        'adapters = ["sql=/a/sql", {name = "docs", path = "/a/docs"}]\n'
+    )
+    engine, server, specs = configs_and_models(
+        "--models", str(path), "--lora", "fix=/a/fix", "--max-loras", "2", "--admin-key", "sk-admin"
+    )
+    chat = specs[1]
+    # --lora adds to the first chat model's (the embedding model before it takes none)
+    assert chat.adapters == (("sql", "/a/sql"), ("docs", "/a/docs"), ("fix", "/a/fix"))
+    assert specs[0].adapters == ()
+    assert chat.engine_config(engine).loras == chat.adapters and engine.max_loras == 2
+    assert server.admin_key == ["sk-admin"] and server.has_keys
+    for bad in ("nameonly", "=/path", "x="):
+        with pytest.raises(SystemExit):
+            configs_and_models("--lora", bad)
