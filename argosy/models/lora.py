@@ -135,7 +135,11 @@ class LoraLinear(nn.Module):
         # token rows, as the decoders call their projections (else flattened)
         y, rows = base.reshape(-1, base.shape[-1]), x.reshape(-1, x.shape[-1])
         if self.target.native and y.dtype == rows.dtype == torch.float32 and y.device.type == "cpu":
-            # the C++ op over the C++ table: no Python in a compiled graph's step
+            # the C++ op over the C++ table (no Python in a compiled graph's step), adding into
+            # the projection's own output (nothing else reads it; no copy for a base-only step)
+            if y.is_contiguous():
+                torch.ops.argosy_iq.lora_apply_(y, rows, self.slot, self.scale, self.key)
+                return base
             out: torch.Tensor = torch.ops.argosy_iq.lora_apply(y, rows, self.slot, self.scale, self.key)
         else:
             out = torch.ops.argosy.lora(y, rows, self.slot, self.scale, self.key)

@@ -205,6 +205,10 @@ def _register_invariant_fakes() -> None:
     def _(y, x, slot, scale, key):  # type: ignore[no-untyped-def]
         return y.new_empty(y.shape)
 
+    @torch.library.register_fake("argosy_iq::lora_apply_")
+    def _(y, x, slot, scale, key):  # type: ignore[no-untyped-def]
+        return None
+
     @torch.library.register_fake("argosy_iq::q8_linear")
     def _(x, codes, scales, mins, out_features, out_float32, code_lo, code_hi, fine=False):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))

@@ -98,8 +98,10 @@ void expand(int64_t path, const float* bt, int64_t stride, const float* h, int64
     expand_plain(bt, stride, h, rank, s, o, acc, width);
 }
 
-at::Tensor lora(const at::Tensor& y, const at::Tensor& x, const at::Tensor& slot, const at::Tensor& scale,
-                at::TensorList a, at::TensorList b) {
+// adds each row's product into `out` (contiguous [T, out] float32) in place
+void lora_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& slot, const at::Tensor& scale,
+               at::TensorList a, at::TensorList b) {
+  const at::Tensor& y = out;
   TORCH_CHECK(y.dim() == 2 && x.dim() == 2 && y.size(0) == x.size(0), "lora: y [T, out] and x [T, in]");
   TORCH_CHECK(y.scalar_type() == at::kFloat && x.scalar_type() == at::kFloat, "lora: y and x must be float32");
   TORCH_CHECK(slot.scalar_type() == at::kLong && slot.dim() == 1 && slot.size(0) >= y.size(0),
@@ -109,7 +111,7 @@ at::Tensor lora(const at::Tensor& y, const at::Tensor& x, const at::Tensor& slot
   TORCH_CHECK(a.size() == b.size(), "lora: one B for each A");
   const int64_t t = y.size(0), out_features = y.size(1), in_features = x.size(1);
   const at::Tensor xc = x.contiguous(), slots = slot.contiguous(), scales = scale.contiguous();
-  at::Tensor out = y.contiguous().clone();
+  TORCH_CHECK(out.is_contiguous(), "lora: y must be contiguous");
   const int64_t num_adapters = static_cast<int64_t>(a.size());
   std::vector<const float*> a_ptr(num_adapters, nullptr), b_ptr(num_adapters, nullptr);
   std::vector<int64_t> rank(num_adapters, 0);
@@ -137,7 +139,7 @@ at::Tensor lora(const at::Tensor& y, const at::Tensor& x, const at::Tensor& slot
     h_at.push_back(h_size);
     h_size += rank[k];
   }
-  if (rows.empty()) return out;
+  if (rows.empty()) return;
   std::vector<float> h(h_size);
   const float* xp = xc.data_ptr<float>();
   float* op = out.data_ptr<float>();
@@ -163,6 +165,12 @@ at::Tensor lora(const at::Tensor& y, const at::Tensor& x, const at::Tensor& slot
              acc.data(), width);
     }
   });
+}
+
+at::Tensor lora(const at::Tensor& y, const at::Tensor& x, const at::Tensor& slot, const at::Tensor& scale,
+                at::TensorList a, at::TensorList b) {
+  at::Tensor out = y.contiguous().clone();
+  lora_into(out, x, slot, scale, a, b);
   return out;
 }
 
@@ -202,15 +210,23 @@ void lora_clear(int64_t key, int64_t slot) {
   }
 }
 
+Adapters adapters_of(int64_t key) {
+  std::lock_guard<std::mutex> guard(registry_lock);
+  auto found = registry().find(key);
+  return found != registry().end() ? found->second : Adapters{};  // tensors by reference count
+}
+
 at::Tensor lora_apply(const at::Tensor& y, const at::Tensor& x, const at::Tensor& slot, const at::Tensor& scale,
                       int64_t key) {
-  Adapters held;
-  {
-    std::lock_guard<std::mutex> guard(registry_lock);
-    auto found = registry().find(key);
-    if (found != registry().end()) held = found->second;  // tensors by reference count
-  }
+  const Adapters held = adapters_of(key);
   return lora(y, x, slot, scale, held.a, held.bt);
+}
+
+// in place: what the compiled graph runs (its projection's output is used by nothing else, so
+// no copy of it is made for a step whose rows are all the base's)
+void lora_apply_(at::Tensor y, const at::Tensor& x, const at::Tensor& slot, const at::Tensor& scale, int64_t key) {
+  const Adapters held = adapters_of(key);
+  lora_into(y, x, slot, scale, held.a, held.bt);
 }
 
 }  // namespace
@@ -218,6 +234,7 @@ at::Tensor lora_apply(const at::Tensor& y, const at::Tensor& x, const at::Tensor
 TORCH_LIBRARY_FRAGMENT(argosy_iq, m) {
   m.def("lora(Tensor y, Tensor x, Tensor slot, Tensor scale, Tensor[] a, Tensor[] b) -> Tensor");
   m.def("lora_apply(Tensor y, Tensor x, Tensor slot, Tensor scale, int key) -> Tensor");
+  m.def("lora_apply_(Tensor(a!) y, Tensor x, Tensor slot, Tensor scale, int key) -> ()");
   m.def("lora_set(int key, int slot, Tensor a, Tensor bt) -> ()");
   m.def("lora_clear(int key, int slot) -> ()");
 }
@@ -225,6 +242,7 @@ TORCH_LIBRARY_FRAGMENT(argosy_iq, m) {
 TORCH_LIBRARY_IMPL(argosy_iq, CPU, m) {
   m.impl("lora", &lora);
   m.impl("lora_apply", &lora_apply);
+  m.impl("lora_apply_", &lora_apply_);
 }
 
 TORCH_LIBRARY_IMPL(argosy_iq, CompositeExplicitAutograd, m) {
