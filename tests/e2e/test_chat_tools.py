@@ -382,7 +382,14 @@ BAD_REQUESTS: list[tuple[dict[str, Any], str, str]] = [
                 {"role": "user", "content": "hi"},
                 {
                     "role": "user",
-                    "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}],
+                    "content": [
+                        {
+                            "type": "image_url",
+                            "image_url": {
+                                "url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGPk5ORkYGBgYmBgYGBgAAABbgAfXn6dLgAAAABJRU5ErkJggg=="
+                            },
+                        }
+                    ],
                 },
             ]
         },

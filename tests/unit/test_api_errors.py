@@ -104,10 +104,28 @@ def content_error(messages: list[dict[str, Any]]) -> InvalidRequestError:
 
 
 def test_media_part_names_the_part_and_the_modality() -> None:
+    """An image part is read when the request is (a bad one: a 400 naming it; whether the model
+    reads images is the model's to say, core/vision.py); audio is refused at once."""
     part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     error = content_error([*USER, {"role": "user", "content": [part]}])
     assert error.param == "messages[1].content[0]"
-    assert "does not accept images" in error.message
+    assert "is not an image this server can read" in error.message
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    error = content_error([*USER, {"role": "user", "content": [audio]}])
+    assert error.param == "messages[1].content[0]" and "does not accept audio" in error.message
+    png = {
+        "type": "image_url",
+        "image_url": {
+            "url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGPk5ORkYGBgYmBgYGBgAAABbgAfXn6dLgAAAABJRU5ErkJggg=="
+        },
+    }
+    body = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": [png]}]}
+    )
+    body.check()
+    assert [(image.where, image.width) for image in body.chat_input().images] == [
+        ("messages[0].content[0]", 2)
+    ]
 
 
 @pytest.mark.parametrize(

@@ -105,9 +105,33 @@ def test_a_refused_part_gives_the_descriptor_reason(part: dict[str, Any], medium
     assert model_json(_info())["capabilities"]["modality_support"][medium] == MEDIA_REASONS[medium]
 
 
-def test_anthropic_refuses_an_image_block_for_the_same_reason() -> None:
-    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+def test_a_text_model_refuses_an_image_for_the_same_reason() -> None:
+    """An image read from any dialect (here Anthropic's block) reaches a model without a vision
+    encoder: refused naming the part, the model and the descriptor's reason."""
+    import asyncio
+
+    from argosy.core.vision import place_images
+
+    block = {
+        "type": "image",
+        "source": {
+            "type": "base64",
+            "media_type": "image/png",
+            "data": "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGPk5ORkYGBgYmBgYGBgAAABbgAfXn6dLgAAAABJRU5ErkJggg==",
+        },
+    }
+    images: list = []  # type: ignore[type-arg]
+    messages_from_wire(None, [("user", [block])], images)
+
+    class TextOnly:
+        def vision_info(self) -> None:
+            return None
+
     with pytest.raises(InvalidRequestError) as refused:
-        messages_from_wire(None, [("user", [block])])
+        asyncio.run(place_images(TextOnly(), "user: \ue0a0", images, list, "smollm2", 8))
     assert refused.value.param == "messages[0].content[0]"
-    assert "does not accept images" in refused.value.message and "no vision encoder" in refused.value.message
+    message = refused.value.message
+    assert "does not accept images" in message and MEDIA_REASONS["image"] in message and "smollm2" in message
+    garbage = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+    with pytest.raises(InvalidRequestError, match="not an image this server can read"):
+        messages_from_wire(None, [("user", [garbage])])
