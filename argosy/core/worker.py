@@ -54,16 +54,19 @@ class ModelWorker:
 
         def run() -> None:
             self._started()
+            outcome: Any = _DONE
             try:
                 for item in make():
                     loop.call_soon_threadsafe(queue.put_nowait, item)
                     if stop.is_set():
                         break
-                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
             except BaseException as exc:  # handed to the consumer, raised there
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
+                outcome = exc
             finally:
+                # counted as ended before the consumer hears it: whoever sees the end sees
+                # `running` without it (CI saw 1 left after the last job's result)
                 self._finished()
+            loop.call_soon_threadsafe(queue.put_nowait, outcome)
 
         future = self._executor.submit(run)
         try:

@@ -144,7 +144,8 @@ _image_turns = itertools.count()
 def _with_bad_images(body: dict[str, Any]) -> None:
     """Every image part a generated chat body holds gets one of BAD_IMAGE_URLS in turn (a
     generated url is nearly never a data: URL, so the image readers would go unfuzzed)."""
-    for message in body.get("messages") or []:
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else []:
         parts = message.get("content") if isinstance(message, dict) else None
         for part in parts if isinstance(parts, list) else []:
             if (
