@@ -15,17 +15,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import re
 import sys
 import typing
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from argosy.commands.cli import EXAMPLES, add_client_commands, client_command
+from argosy.commands.model_specs import DEFAULT_CHAT_MODEL, check_source, model_specs
+from argosy.commands.units import parse_byte_size, parse_duration
 from argosy.config import EngineConfig, ModelSpec, OperatorSampling, ServerConfig
-from argosy.core.adapter_names import lora_pairs, with_adapters
-from argosy.core.keys import key_ring
+from argosy.core.adapter_names import with_adapters
+from argosy.core.keys import config_key_ring
 from argosy.errors import ArgosyError
 from argosy.ops.devices import resolve_device
 
@@ -47,8 +47,6 @@ _BYTE_SIZE_FIELDS = {
     "console_body_bytes",
     "max_audio_body_bytes",
 }
-# `argosy serve` with no model: the real model of the box (SmolLM2 stays the tests' small model)
-DEFAULT_CHAT_MODEL = "qwen2.5-coder-0.5b"
 _SECRET_FIELDS = {"api_key", "admin_key"}  # printed as *** (a key is never printed or logged)
 _DURATION_FIELDS = {
     "session_ttl",
@@ -129,31 +127,10 @@ _HELP = {
     "~1.9x the tokens in --kv-cache-memory; the invariant kernels only)",
     "draft_model": "a smaller model of the same tokenizer that drafts tokens for the chat models "
     "(speculative decoding; with --speculative ngram, n-gram drafts first)",
-    "enable_lora": "wrap the chat models' layers for LoRA adapters even without --lora (so "
-    "POST /v1/load_lora_adapter can add them)",
+    "enable_lora": "wrap the layers for LoRA adapters without --lora (for POST /v1/load_lora_adapter)",
     "max_loras": "LoRA adapters resident at once per model (least recently used beyond it: read again on use)",
     "max_lora_rank": "largest LoRA rank an adapter may have",
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*$")
-_SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdSMHD]?)\s*$")
-_DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_byte_size(text: str) -> int:
-    """'512M' -> 536870912; binary units; a plain number is bytes."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 536870912, 512M or 2G)")
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-
-
-def parse_duration(text: str) -> float:
-    """'30d' -> 2592000.0; units s, m, h, d; a plain number is seconds."""
-    match = _DURATION.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 600, 90s, 10m, 12h or 30d)")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
 
 
 def _field_parser(cls: type, field: dataclasses.Field[Any]) -> Callable[[str], Any]:
@@ -269,15 +246,9 @@ def _add_server_flags(serve: argparse.ArgumentParser) -> None:
         help="models from a TOML file ([[model]] tables: id, source, kind, aliases, quantization, "
         "compile, max_model_len, keep_alive, pinned, adapters, [model.sampling])",
     )
+    lora_help = "a LoRA adapter (a PEFT folder or a GGUF LoRA) of the first chat model, served as model NAME"
     models.add_argument(
-        "--lora",
-        dest="loras",
-        action="append",
-        default=None,
-        metavar="NAME=PATH",
-        help="a LoRA adapter for the first chat model, served as model NAME (and as llama.cpp's "
-        "per-request lora: [{id, scale}]): a PEFT folder (adapter_config.json + "
-        "adapter_model.safetensors) or a llama.cpp GGUF LoRA; repeatable",
+        "--lora", dest="loras", action="append", metavar="NAME=PATH", help=lora_help + "; repeatable"
     )
     serve.add_argument(
         "--config",
@@ -312,9 +283,7 @@ def configs_from_args(
         engine_config = EngineConfig(model=specs[0].source, **_values_for(args, EngineConfig))
         server_config = ServerConfig(**_values_for(args, ServerConfig), operator_sampling=operator)
         # read the key files now: a bad one stops start-up naming the file and the key
-        key_ring(
-            server_config.api_key, server_config.api_key_file, server_config.api_keys, server_config.admin_key
-        )
+        config_key_ring(server_config)
         for spec in specs:
             check_source(spec.source)
         resolve_device(engine_config.device)  # a device that is not here: one line, before anything loads
@@ -325,133 +294,6 @@ def configs_from_args(
     except ArgosyError as exc:
         parser.error(f"{_flag_of(exc.param)}: {exc.message}")
     return engine_config, server_config, specs
-
-
-_QUANTIZATIONS = ("none", "int4", "int8", "auto")
-
-
-def known_model_names() -> list[str]:
-    from argosy.audio.sources import AUDIO_REGISTRY
-    from argosy.models.embedding_source import EMBEDDING_REGISTRY
-    from argosy.models.loader import MODEL_REGISTRY
-
-    return sorted({*MODEL_REGISTRY, *EMBEDDING_REGISTRY, *AUDIO_REGISTRY})
-
-
-def check_source(source: str) -> None:
-    """A registered name or an existing path; anything else is refused naming the close ones."""
-    import difflib
-
-    names = known_model_names()
-    looks_like_path = "/" in source or source.startswith("~") or Path(source).suffix in (".gguf", ".onnx")
-    if source in names or looks_like_path or Path(source).expanduser().exists():
-        return  # a path that does not exist is reported when its model loads
-    close = difflib.get_close_matches(source, names, n=3, cutoff=0.5)
-    hint = f"did you mean {' or '.join(close)}?" if close else f"registered names: {', '.join(names)}"
-    raise ArgosyError(
-        f"no model {source!r}: not a registered name nor an existing file or folder; {hint}", "model"
-    )
-
-
-def parse_model_arg(text: str) -> ModelSpec:
-    """`[ID=]SOURCE[:QUANT]` -> a ModelSpec; the kind is inferred from the source."""
-    model_id, has_id, rest = text.partition("=")
-    if not has_id:
-        model_id, rest = "", text
-    source, quantization = rest, None
-    head, colon, tail = rest.rpartition(":")
-    if colon and tail in _QUANTIZATIONS:
-        source, quantization = head, tail
-    if not source:
-        raise ArgosyError(f"no model source in {text!r}", param="model")
-    return ModelSpec(
-        id=model_id or source,
-        source=source,
-        kind=model_kind(source),
-        quantization=quantization,
-    )
-
-
-def model_kind(source: str) -> str:
-    """embedding for a registered embedding name or a sentence-transformers folder; rerank for a
-    cross-encoder folder (a BERT *ForSequenceClassification) or a causal LM reranker's (a
-    *ForCausalLM folder named *reranker*); transcription or speech for an
-    audio model (argosy/audio/sources.py); image for a diffusers pipeline folder; music for a
-    MusicGen folder; else chat."""
-    from argosy.audio.music import is_musicgen_folder
-    from argosy.audio.sources import audio_kind
-    from argosy.images.service import is_diffusers_folder
-    from argosy.models.cross_encoder import is_causal_reranker_folder, is_cross_encoder_folder
-    from argosy.models.embedding_source import EMBEDDING_REGISTRY
-
-    kind = audio_kind(source)
-    if kind is not None:
-        return kind
-    if is_diffusers_folder(source):
-        return "image"
-    if is_musicgen_folder(source):
-        return "music"
-
-    if source in EMBEDDING_REGISTRY:
-        return "embedding"
-    if is_cross_encoder_folder(source) or is_causal_reranker_folder(source):
-        return "rerank"
-    folder = Path(source).expanduser()
-    if folder.is_dir() and (
-        (folder / "modules.json").exists() or (folder / "sentence_bert_config.json").exists()
-    ):
-        return "embedding"
-    return "chat"
-
-
-def models_from_toml(path: str) -> list[ModelSpec]:
-    import tomllib
-
-    try:
-        with open(Path(path).expanduser(), "rb") as file:
-            document = tomllib.load(file)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ArgosyError(f"cannot read {path}: {exc}", param="models_file") from exc
-    return specs_from_tables(document.get("model", []), path, "models_file")
-
-
-def specs_from_tables(tables: Any, path: str, param: str) -> list[ModelSpec]:
-    """[[model]] tables (a models.toml's, or a --config file's) as ModelSpecs."""
-    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
-        raise ArgosyError(f"{path}: expected [[model]] tables", param=param)
-    specs = []
-    known = {f.name for f in dataclasses.fields(ModelSpec)}
-    for position, table in enumerate(tables):
-        unknown = sorted(set(table) - known)
-        if unknown:
-            raise ArgosyError(f"{path}: model {position}: unknown keys {', '.join(unknown)}", param)
-        values = dict(table)
-        if "source" not in values:
-            raise ArgosyError(f"{path}: model {position} has no source", param=param)
-        values.setdefault("id", values["source"])
-        values.setdefault("kind", model_kind(values["source"]))
-        values["aliases"] = tuple(values.get("aliases", ()))
-        if "keep_alive" in values and isinstance(values["keep_alive"], str):
-            values["keep_alive"] = parse_duration(values["keep_alive"])
-        if "sampling" in values:
-            values["sampling"] = OperatorSampling(**values["sampling"])
-        if "adapters" in values:
-            values["adapters"] = lora_pairs(values["adapters"], param)
-        try:
-            specs.append(ModelSpec(**values))
-        except TypeError as exc:
-            raise ArgosyError(f"{path}: model {position}: {exc}", param=param) from exc
-    return specs
-
-
-def model_specs(model_args: list[str] | None, models_file: str | None) -> list[ModelSpec]:
-    """The configured models: --models' file first, then each --model; the default chat model
-    (Qwen2.5-Coder-0.5B, assembled from its packages) when none."""
-    specs = models_from_toml(models_file) if models_file else []
-    specs += [parse_model_arg(text) for text in model_args or []]
-    if not specs:
-        specs = [parse_model_arg(DEFAULT_CHAT_MODEL)]
-    return specs
 
 
 def _print_config(engine_config: EngineConfig, server_config: ServerConfig) -> None:

@@ -13,7 +13,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from argosy.cli import _HIDDEN_FIELDS, _field_parser, specs_from_tables
+from argosy.cli import _HIDDEN_FIELDS, _field_parser
+from argosy.commands.model_specs import specs_from_tables
 from argosy.config import EngineConfig, OperatorSampling, ServerConfig
 from argosy.errors import ArgosyError
 

@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from argosy.api.errors import APIError
 from argosy.api.transport import request_record
 from argosy.config import ModelSpec, ServerConfig
-from argosy.core.keys import AddressLimits, KeyLimits, KeyPolicy, KeyRing, key_ring
+from argosy.core.keys import AddressLimits, KeyLimits, KeyPolicy, KeyRing, config_key_ring
 from argosy.core.pipeline import RequestContext
 
 # never need a key, never limited (the console's page holds no data: it asks for the key)
@@ -83,7 +83,7 @@ class Gate:
         if config.rate_limit_per_minute is not None:
             limits = AddressLimits(config.rate_limit_per_minute, config.burst)
         return cls(
-            key_ring(config.api_key, config.api_key_file, config.api_keys, config.admin_key),
+            config_key_ring(config),
             address_limits=limits,
             limit_loopback=config.rate_limit_loopback,
             trusted_proxies=config.trusted_proxies,

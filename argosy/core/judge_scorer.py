@@ -16,7 +16,7 @@ fit (its leading tokens kept), as the other scorers cut theirs; a query that lea
 is a 400 naming it.
 
 A model is served this way when its kind is `rerank` and its folder holds a causal LM (a
-models file's `kind = "rerank"`, or a folder whose name says reranker: cli.model_kind); a
+models file's `kind = "rerank"`, or a folder whose name says reranker: commands/model_specs.py model_kind); a
 plain chat model asked to rerank stays a 400 naming it (rerank_service.scorer_of).
 """
 

@@ -340,3 +340,8 @@ class AddressLimits:
                     self._buckets.pop(next(iter(self._buckets)))
             self._buckets[address] = bucket  # most recently seen last
             return bucket.take()
+
+
+def config_key_ring(config: Any) -> KeyRing:
+    """The keys a ServerConfig names: --api-key, --api-key-file, --api-keys and --admin-key."""
+    return key_ring(config.api_key, config.api_key_file, config.api_keys, config.admin_key)

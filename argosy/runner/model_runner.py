@@ -19,7 +19,7 @@ from argosy.engine.outputs import TokenLogprob
 from argosy.engine.scheduler import ScheduledRequest, SchedulerOutput
 from argosy.engine.sequence import Sequence
 from argosy.models.llama import DecoderForCausalLM
-from argosy.models.lora import BASE_SLOT, LoraModel
+from argosy.models.lora import LoraModel
 from argosy.ops.attention import (
     AttentionMetadata,
     ContextBatch,
@@ -35,6 +35,7 @@ from argosy.runner.kv_cache import (
     uses_per_row_attention,
 )
 from argosy.runner.pooler import MeanPooler, pooling_token_ids
+from argosy.runner.row_inputs import image_rows, lora_rows
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob, take_rows
 from argosy.runner.spec_decode import Verified, verify_batch
 
@@ -78,23 +79,6 @@ def _compiled_decode_fits(req: ScheduledRequest) -> bool:
     images = req.seq.images
     in_image = bool(images) and req.seq.num_computed_tokens < images[-1].stop
     return is_decode and req.seq.params.prompt_logprobs is None and not in_image
-
-
-def _image_rows(batch: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """AttentionMetadata.embeds of a step: its rows that hold an image token, and their features."""
-    rows: list[int] = []
-    values: list[torch.Tensor] = []
-    first = 0
-    for req in batch:
-        start = req.seq.num_computed_tokens
-        stop = start + req.num_new_tokens
-        for image in req.seq.images:
-            lo, hi = max(start, image.start), min(stop, image.stop)
-            if lo < hi:
-                rows.extend(range(first + lo - start, first + hi - start))
-                values.append(image.embeds[lo - image.start : hi - image.start])
-        first += req.num_new_tokens
-    return (torch.tensor(rows, dtype=torch.long), torch.cat(values)) if rows else None
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -169,17 +153,6 @@ class ModelRunner:
         self._prunes_last_layer = False
         return self.lora
 
-    def _set_lora_rows(self, batch: list[ScheduledRequest]) -> None:
-        if self.lora is None:
-            return
-        slots: list[int] = []
-        scales: list[float] = []
-        for req in batch:
-            slot = req.seq.lora_slot
-            slots.extend([slot] * req.num_new_tokens)
-            scales.extend([req.seq.params.lora_scale if slot != BASE_SLOT else 0.0] * req.num_new_tokens)
-        self.lora.rows.set(slots, scales)
-
     def compile_decode(self, row_counts: list[int], stop: threading.Event | None = None) -> bool:
         """Compile the decode step for batches of these sizes (and all sizes that share their
         graphs); False keeps every step eager. May run on another thread than the steps: the
@@ -211,7 +184,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> StepResult:
         # decodes first (one token each; a draft's tokens are decode rows too), then prefill chunks
         batch = sorted(out.scheduled, key=lambda r: r.num_new_tokens != 1 and not r.num_spec_tokens)
-        self._set_lora_rows(batch)
+        if self.lora is not None:
+            self.lora.rows.set(*lora_rows(batch))
         if self.compiled is not None and all(_compiled_decode_fits(r) for r in batch):
             return self._execute_compiled(batch, self.compiled)
         if (
@@ -460,7 +434,7 @@ class ModelRunner:
         positions = torch.tensor(pos, dtype=torch.long)
         cos, sin = self.model.rope(positions, self.model.hidden_dtype or self.dtype)
         meta = AttentionMetadata(torch.cat(slot_parts), cos, sin, prefills=prefills, invariant=self.invariant)
-        meta.embeds = _image_rows(batch)
+        meta.embeds = image_rows(batch)
         if ContextBatch.worth_it(prefills):
             meta.context_batch = ContextBatch.build(prefills)
         if decode_tables:

@@ -90,7 +90,7 @@ def test_a_stopped_generation_ends_with_an_error(service: MusicService) -> None:
 
 
 def test_the_folder_is_a_music_model(folder: Path, tmp_path: Path) -> None:
-    from argosy.cli import model_kind
+    from argosy.commands.model_specs import model_kind
 
     assert is_musicgen_folder(str(folder)) and model_kind(str(folder)) == "music"
     assert not is_musicgen_folder(str(tmp_path)) and not is_musicgen_folder(str(folder / "config.json"))

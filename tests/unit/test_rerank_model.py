@@ -17,7 +17,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from argosy.cli import model_kind
+from argosy.commands.model_specs import model_kind
 from argosy.core.rerank_service import RerankService, scorer_of
 from argosy.engine.cross_encoder_engine import CrossEncoderEngine
 from argosy.engine.embedding_engine import AsyncEmbeddingEngine
