@@ -267,6 +267,7 @@ def run_system(
             rss = server.stop()
             if rss is not None:
                 peak_rss.append(rss)
+                result.notes.extend(f"{', '.join(names)}: {note}" for note in server.peak_notes())
             if server.serving_rss_mib is not None:
                 serving_rss.append(server.serving_rss_mib)
             if server.other_cpu_percent is not None:

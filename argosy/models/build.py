@@ -10,12 +10,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
 
 from argosy.errors import ModelLoadError
 from argosy.models.device_kernels import DEVICE_KERNELS
@@ -33,6 +32,7 @@ from argosy.models.quantize import (
 )
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
+from argosy.models.tensor_file import TensorFile
 from argosy.ops.devices import out_of_memory
 from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
 from argosy.ops.quantized_linear import (
@@ -342,22 +342,42 @@ def _quantize(
         return
     if device != "cpu":
         raise ModelLoadError(f"quantization {mode!r} uses CPU kernels; use --quantization none on {device}")
-    blocks_file = Path(source.weights_dir) / INT4_FILE
     files = sorted(Path(source.weights_dir).glob("model*.safetensors"))
+    # a GGUF's other block formats (Q8_0 ... Q6_K) as their own codes, on the invariant kernels,
+    # read a tensor at a time as each layer is packed (tensor_file.py)
+    codes_file = Path(source.weights_dir) / BLOCKS_FILE
+    own_codes: Mapping[str, torch.Tensor] = (
+        TensorFile(codes_file) if invariant and mode != "int8" and codes_file.exists() else {}
+    )
+    try:
+        _quantize_from(model, source, dtype, mode, files, own_codes, max_int4_rows, invariant)
+    finally:
+        if isinstance(own_codes, TensorFile):
+            own_codes.close()
+
+
+def _quantize_from(
+    model: DecoderForCausalLM,
+    source: ModelSource,
+    dtype: torch.dtype,
+    mode: str,
+    files: list[Path],
+    own_codes: Mapping[str, torch.Tensor],
+    max_int4_rows: int,
+    invariant: bool,
+) -> None:
+    blocks_file = Path(source.weights_dir) / INT4_FILE
 
     # the invariant kernels' int8 is GGUF's Q8_0 (scales per group of 32), quantized from the
     # weights as the files hold them: a Q8_0 weight (SmolLM2's tied head) is its own codes
     def rows_of(names: list[str]) -> Callable[[int, int], torch.Tensor] | None:
         return file_rows(files, names) if invariant else None
 
-    # a GGUF's other block formats (Q8_0 ... Q6_K) as their own int8 codes, on the invariant kernels
-    codes_file = Path(source.weights_dir) / BLOCKS_FILE
-    own_codes = load_file(str(codes_file)) if invariant and mode != "int8" and codes_file.exists() else {}
     if mode == "int8":
         count = apply_int8(model, dtype, invariant, rows_of)
     elif blocks_file.exists() or own_codes:
         count = (
-            apply_int4(model, load_file(str(blocks_file)), dtype, max_int4_rows, invariant)
+            _apply_int4_file(model, blocks_file, dtype, max_int4_rows, invariant)
             if blocks_file.exists()
             else 0
         )
@@ -382,6 +402,7 @@ def _quantize(
         apply_int8_head(
             model, dtype, invariant=True, float_output=True, weight_rows=head_rows, blocks=head_codes
         )
+        del head_codes  # packed now: its int8 codes (1.5B: 233 MB) need not outlive the packing
         head = model.lm_head
         # a tied Q8_0 table: the tokens' embeddings from the head's codes, exact in float32 as
         # llama.cpp reads them (a bf16 table rounds them to 8 bits), and no bf16 copy of the
@@ -403,6 +424,13 @@ def _quantize(
             if table.invariant:
                 model.embed_tokens = CodesEmbedding(table, owned=True)  # type: ignore[assignment]
     log.info("quantization %s: %d projection layers", mode, count)
+
+
+def _apply_int4_file(
+    model: DecoderForCausalLM, blocks_file: Path, dtype: torch.dtype, max_int4_rows: int, invariant: bool
+) -> int:
+    with TensorFile(blocks_file) as blocks:
+        return apply_int4(model, blocks, dtype, max_int4_rows, invariant)
 
 
 def describe_weights(model: DecoderForCausalLM, dtype: torch.dtype) -> str:

@@ -7,7 +7,7 @@ it goes to int8 per channel (`apply_int8_head`), as llama.cpp holds it in 8 bits
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -61,7 +61,7 @@ def _replace(model: nn.Module, path: str, module: nn.Module) -> None:
 
 def apply_int4(
     model: DecoderForCausalLM,
-    blocks: dict[str, torch.Tensor],
+    blocks: Mapping[str, torch.Tensor],
     dtype: torch.dtype,
     max_int4_rows: int = 0,
     invariant: bool = False,
@@ -85,7 +85,7 @@ def apply_int4(
     return count
 
 
-def block_codes_of(blocks: dict[str, torch.Tensor], names: list[str]) -> BlockCodes | None:
+def block_codes_of(blocks: Mapping[str, torch.Tensor], names: list[str]) -> BlockCodes | None:
     """The weights `names` as one BlockCodes (a fused layer's parts stacked), or None if one
     of them has no codes in the file (argosy-blocks.safetensors)."""
     if not all(f"{n}.codes" in blocks for n in names):
@@ -93,7 +93,7 @@ def block_codes_of(blocks: dict[str, torch.Tensor], names: list[str]) -> BlockCo
     return BlockCodes.cat([_block_codes(blocks, n) for n in names])
 
 
-def _block_codes(blocks: dict[str, torch.Tensor], name: str) -> BlockCodes:
+def _block_codes(blocks: Mapping[str, torch.Tensor], name: str) -> BlockCodes:
     super_scales = None
     if f"{name}.sc" in blocks:  # a K-quant's own scales: its codes held at their bits
         super_scales = SuperScales(
@@ -118,7 +118,7 @@ def runs_of_one_form(parts: list[BlockCodes]) -> list[BlockCodes]:
     return [BlockCodes.cat(run) for run in runs]
 
 
-def apply_blocks(model: DecoderForCausalLM, blocks: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
+def apply_blocks(model: DecoderForCausalLM, blocks: Mapping[str, torch.Tensor], dtype: torch.dtype) -> int:
     """The file's own codes (Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) on the invariant kernels for
     every float projection whose parts all have them, held at the file's bits where a packed
     kernel serves the form (packed_codes.py), else as int8; a fused layer whose parts differ in
