@@ -28,6 +28,7 @@
 //   scales [N/16, K/G, 16] float16, or uint8 / int8 with scale_d float16 [N/16, K/256, 16];
 //   mins [N/16, G32, 16] in the same form (uint8 with min_d), or none.
 
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -37,6 +38,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <memory>
 #include <vector>
 
 #include "iq_common.h"
@@ -55,7 +57,7 @@ struct ScaleRef {
   const uint16_t* d = nullptr;
   int64_t groups = 0;     // weight groups a row
   int64_t supers = 0;     // 256-weight blocks a row
-  int64_t per_super = 0;  // weight groups a 256-weight block
+  int super_shift = 0;  // log2 of the weight groups a 256-weight block (8 or 16: a shift, not a division)
   bool negate = false;    // the K-quants' minimums: -(dmin * mn)
 };
 
@@ -73,7 +75,7 @@ inline float scale_at(const ScaleRef& s, int64_t t, int64_t wg, int64_t i) {
   if constexpr (Kind == kHalfScales) {
     return half_to_float(static_cast<const uint16_t*>(s.values)[at]);
   } else {
-    const float d = half_to_float(s.d[(t * s.supers + wg / s.per_super) * kTile + i]);
+    const float d = half_to_float(s.d[(t * s.supers + (wg >> s.super_shift)) * kTile + i]);
     const float sc = Kind == kSuperU8 ? static_cast<float>(static_cast<const uint8_t*>(s.values)[at])
                                       : static_cast<float>(static_cast<const int8_t*>(s.values)[at]);
     const float v = d * sc;  // exact: an 11-bit significand times an 8-bit integer
@@ -147,7 +149,7 @@ ARGOSY_KQ_AVX2 inline __m256 scales_8(const ScaleRef& s, int64_t t, int64_t wg, 
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(s.values) + at)));
   } else {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(s.d + (t * s.supers + wg / s.per_super) * kTile + 8 * h)));
+        reinterpret_cast<const __m128i*>(s.d + (t * s.supers + (wg >> s.super_shift)) * kTile + 8 * h)));
     const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(s.values) + at));
     const __m256 sc = _mm256_cvtepi32_ps(Kind == kSuperU8 ? _mm256_cvtepu8_epi32(raw) : _mm256_cvtepi8_epi32(raw));
     const __m256 v = _mm256_mul_ps(d, sc);
@@ -255,7 +257,7 @@ ARGOSY_KQ_AVX512 inline __m512 scales_16(const ScaleRef& s, int64_t t, int64_t w
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(s.values) + at)));
   } else {
     const __m512 d = _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.d + (t * s.supers + wg / s.per_super) * kTile)));
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.d + (t * s.supers + (wg >> s.super_shift)) * kTile)));
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(s.values) + at));
     const __m512 sc = _mm512_cvtepi32_ps(Kind == kSuperU8 ? _mm512_cvtepu8_epi32(raw) : _mm512_cvtepi8_epi32(raw));
     const __m512 v = _mm512_mul_ps(d, sc);
@@ -338,16 +340,21 @@ ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, const int8_t* xlo, int64
 
 // -- AMX-INT8: steps of many rows -------------------------------------------------------------
 //
-// A tile's codes are unpacked once into B tiles (line e of group g is B row e: lane 4i + b holds
-// k = 4e + b of output i, the layout a tile dot product reads), then per 16 rows and weight group
-// one tile dot product (x signed, u unsigned: the integer u . xq), plus the same start, then the
-// same fp32 steps as the paths above: the same bits.
+// A tile's codes are unpacked once into B tiles as signed codes q = u - bias (line e of group g
+// is B row e: lane 4i + b holds k = 4e + b of output i, the layout a tile dot product reads), then
+// per 16 rows and weight group one tile dot product (x signed, q signed: the integer q . xq, which
+// the other paths reach as u . xq + start), then the same fp32 steps as the paths above: the
+// same bits. Software-pipelined: the tile products of the next weight group are issued (into the
+// other of two buffers and C tiles) before this group's fp32 steps, so the tile unit and the
+// vector units work at once; each tile's scales are read once; x's codes sit in tile order and its
+// scales per 16 rows so a row's is a fixed offset. One thread, 512 rows, the same bits as before:
+// Q4_K 8960 x 1536 40.7 -> 25.7 ms, its fine form 66.8 -> 41.9, Q6_K 1536 x 8960 64.4 -> 41.4.
 
-constexpr int64_t kKqAmxMinRows = 16;  // at 8 rows the VNNI path is faster (Q4_K 0.59 vs 0.71 ms)
+constexpr int64_t kKqAmxMinRows = 12;  // fewer rows: the VNNI path is faster (codes unpacked per call)  // at 8 rows the VNNI path is faster (Q4_K 0.59 vs 0.71 ms)
 
 // C: 16 rows x 16 int32; A: 16 rows x one weight group of x (32 / H bytes); B: its 8 / H lines
 // (the fine form: A 3 its lo bytes, C 4 their sums)
-template <int H>
+template <int H, bool Fine>
 ARGOSY_AMX inline void kq_amx_configure() {
   AmxConfig cfg;
   cfg.rows[0] = 16, cfg.colsb[0] = 64;
@@ -355,71 +362,112 @@ ARGOSY_AMX inline void kq_amx_configure() {
   cfg.rows[2] = 8 / H, cfg.colsb[2] = 64;
   cfg.rows[3] = 16, cfg.colsb[3] = 32 / H;
   cfg.rows[4] = 16, cfg.colsb[4] = 64;
+  // odd steps: C 5 (A 6, B 7; the fine form: C 5 and 6, A and B shared), so a step's products
+  // need not wait for the last step's stores
+  cfg.rows[5] = 16, cfg.colsb[5] = 64;
+  cfg.rows[6] = 16, cfg.colsb[6] = Fine ? 64 : 32 / H;
+  if constexpr (!Fine) cfg.rows[7] = 8 / H, cfg.colsb[7] = 64;
   asm volatile("" : : "r"(&cfg) : "memory");  // GCC does not see ldtilecfg read it
   _tile_loadconfig(&cfg);
 }
 
+// step i's tile products (weight group i / H, its part i % H) for the 16 rows at x offset `at`
+// (the tile intrinsics take literal registers: one body a register set)
+#define ARGOSY_KQ_AMX_ISSUE(C, A, B, C_LO)                  \
+  _tile_zero(C);                                            \
+  _tile_loadd(A, xp + x_at, kGroup);                        \
+  _tile_loadd(B, b + g * 512 + hg * (8 / H) * 64, 64);      \
+  _tile_dpbssd(C, A, B);                                    \
+  if constexpr (Fine) { /* both products before a store */ \
+    _tile_zero(C_LO);                                       \
+    _tile_loadd(3, xlp + x_at, kGroup);                     \
+    _tile_dpbssd(C_LO, 3, B);                               \
+  }                                                         \
+  _tile_stored(C, dots, 64);                                \
+  if constexpr (Fine) _tile_stored(C_LO, dots_lo, 64);
+
+template <int H, bool Fine, bool Odd>
+ARGOSY_AMX inline void kq_amx_issue(const int8_t* xp, const int8_t* xlp, const uint8_t* b, int64_t at, int64_t k,
+                                    int64_t i, int32_t* dots, int32_t* dots_lo) {
+  const int64_t g = i / H, hg = i % H, x_at = at + g * 16 * kGroup + hg * (kGroup / H);
+  if constexpr (!Odd) {
+    ARGOSY_KQ_AMX_ISSUE(0, 1, 2, 4)
+  } else if constexpr (Fine) {
+    ARGOSY_KQ_AMX_ISSUE(5, 1, 2, 6)
+  } else {
+    ARGOSY_KQ_AMX_ISSUE(5, 6, 7, 4)
+  }
+}
+#undef ARGOSY_KQ_AMX_ISSUE
+
+template <int H, bool Fine>
+ARGOSY_AMX inline void kq_amx_issue(const int8_t* xp, const int8_t* xlp, const uint8_t* b, int64_t at, int64_t k,
+                                    int64_t i, int32_t (*dots)[256], int32_t (*dots_lo)[256]) {
+  if (i & 1)
+    kq_amx_issue<H, Fine, true>(xp, xlp, b, at, k, i, dots[1], dots_lo[1]);
+  else
+    kq_amx_issue<H, Fine, false>(xp, xlp, b, at, k, i, dots[0], dots_lo[0]);
+}
+
 // tiles [t0, t1) x every row; xp: x's codes padded to a multiple of 16 rows (xlp: the fine
-// form's lo bytes so)
+// form's lo bytes so); dxt, uxt: x's scales and sums per 16-row block, weight group and row
+// ([rows / 16, groups, 16], zero past the last row: padded rows add exact zeros)
 template <int Bits, int H, bool Mins, int Kind, bool Fine>
-ARGOSY_AMX void kq_amx(const QuantizedRows& xr, const int8_t* xp, const int8_t* xlp, const int32_t* start,
-                       int64_t rows, const PackedW& w, int64_t t0, int64_t t1, const Output& out) {
-  const int64_t groups = w.groups, k = groups * kGroup;
-  std::vector<uint8_t> storage(static_cast<size_t>(groups * 512 + 64));
+ARGOSY_AMX void kq_amx(const int8_t* xp, const int8_t* xlp, const float* dxt, const float* uxt, int64_t rows,
+                       const PackedW& w, int64_t t0, int64_t t1, const Output& out) {
+  const int64_t groups = w.groups, k = groups * kGroup, steps = groups * H;
+  // a tile's signed codes, then its scales per step and its mins per group as 16 floats each
+  std::vector<uint8_t> storage(static_cast<size_t>(groups * 512 + (steps + groups) * 64 + 64));
   uint8_t* b = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
-  alignas(64) int32_t dots[16 * 16];
-  alignas(64) int32_t dots_lo[16 * 16];
+  float* scales = reinterpret_cast<float*>(b + groups * 512);
+  float* mins = scales + steps * kTile;
+  alignas(64) int32_t dots[2][16 * 16];
+  alignas(64) int32_t dots_lo[2][16 * 16];
   alignas(64) float res[16 * 16];
-  kq_amx_configure<H>();
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(w.bias));
+  kq_amx_configure<H, Fine>();
   for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t g = 0; g < groups; ++g)
-      for (int e = 0; e < 8; ++e) _mm512_store_si512(b + g * 512 + e * 64, codes_512<Bits>(w, t, g, e));
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int e = 0; e < 8; ++e)
+        _mm512_store_si512(b + g * 512 + e * 64, _mm512_sub_epi8(codes_512<Bits>(w, t, g, e), bias));
+      if constexpr (Mins) _mm512_store_ps(mins + g * kTile, scales_16<Kind>(w.m, t, g));
+    }
+    for (int64_t i = 0; i < steps; ++i) _mm512_store_ps(scales + i * kTile, scales_16<Kind>(w.s, t, i));
     ARGOSY_MEMORY_BARRIER();
     for (int64_t r0 = 0; r0 < rows; r0 += 16) {
       const int64_t nr = std::min<int64_t>(16, rows - r0);
+      const float* dx_block = dxt + r0 * groups;
+      const float* ux_block = uxt + r0 * groups;
       __m512 acc[16];
 #pragma GCC unroll 16
       for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
-      for (int64_t g = 0; g < groups; ++g) {
-        const float* dx = xr.dx.data() + r0 * groups + g;
-        for (int hg = 0; hg < H; ++hg) {
-          _tile_zero(0);
-          _tile_loadd(1, xp + r0 * k + g * kGroup + hg * (kGroup / H), k);
-          _tile_loadd(2, b + g * 512 + hg * (8 / H) * 64, 64);
-          _tile_dpbsud(0, 1, 2);
-          if constexpr (Fine) {  // both products issued before either is stored
-            _tile_zero(4);
-            _tile_loadd(3, xlp + r0 * k + g * kGroup + hg * (kGroup / H), k);
-            _tile_dpbsud(4, 3, 2);
-          }
-          _tile_stored(0, dots, 64);
-          if constexpr (Fine) _tile_stored(4, dots_lo, 64);
-          ARGOSY_MEMORY_BARRIER();
-          const __m512 s = scales_16<Kind>(w.s, t, g * H + hg);
-          const int32_t* st = start + r0 * groups * H + g * H + hg;
+      kq_amx_issue<H, Fine>(xp, xlp, b, r0 * k, k, 0, dots, dots_lo);
+      for (int64_t i = 0; i < steps; ++i) {
+        if (i + 1 < steps) kq_amx_issue<H, Fine>(xp, xlp, b, r0 * k, k, i + 1, dots, dots_lo);
+        ARGOSY_MEMORY_BARRIER();
+        const int64_t g = i / H;
+        const float* dx = dx_block + g * kTile;
+        const int32_t* d = dots[i & 1];
+        const int32_t* d_lo = dots_lo[i & 1];
+        const __m512 s = _mm512_load_ps(scales + i * kTile);
 #pragma GCC unroll 16
-          for (int r = 0; r < 16; ++r) {
-            if (r >= nr) break;
-            __m512i dot = _mm512_load_si512(dots + 16 * r);
-            if constexpr (Fine)
-              dot = _mm512_add_epi32(_mm512_slli_epi32(dot, kFineShift), _mm512_load_si512(dots_lo + 16 * r));
-            dot = _mm512_add_epi32(dot, _mm512_set1_epi32(st[r * groups * H]));
-            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s, _mm512_set1_ps(dx[r * groups])), _mm512_cvtepi32_ps(dot), acc[r]);
-          }
+        for (int r = 0; r < 16; ++r) {
+          __m512i dot = _mm512_load_si512(d + 16 * r);
+          if constexpr (Fine)
+            dot = _mm512_add_epi32(_mm512_slli_epi32(dot, kFineShift), _mm512_load_si512(d_lo + 16 * r));
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s, _mm512_set1_ps(dx[r])), _mm512_cvtepi32_ps(dot), acc[r]);
         }
         if constexpr (Mins) {
-          const __m512 m = scales_16<Kind>(w.m, t, g);
-          const float* ux = xr.ux.data() + r0 * groups + g;
+          if (i % H == H - 1) {
+            const __m512 m = _mm512_load_ps(mins + g * kTile);
+            const float* ux = ux_block + g * kTile;
 #pragma GCC unroll 16
-          for (int r = 0; r < 16; ++r) {
-            if (r >= nr) break;
-            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(ux[r * groups]), acc[r]);
+            for (int r = 0; r < 16; ++r) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(ux[r]), acc[r]);
           }
         }
       }
 #pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r)
-        if (r < nr) _mm512_store_ps(res + 16 * r, acc[r]);
+      for (int r = 0; r < 16; ++r) _mm512_store_ps(res + 16 * r, acc[r]);
       for (int64_t r = 0; r < nr; ++r) out.put(r0 + r, t * kTile, res + 16 * r, kTile);
     }
   }
@@ -437,26 +485,42 @@ void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
     for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { kq_scalar<Bits, H, Mins, Kind>(xr, rows, w, t0, t1, o); });
     return;
   }
+  if (path == kAmx && rows >= kKqAmxMinRows) {
+    const int64_t padded_rows = (rows + 15) / 16 * 16;
+    // x's codes in tile order: [rows / 16, groups, 16 rows, 32 codes] (an A tile's rows in 8 whole
+    // cache lines, not 16 halves), and its scales and sums [rows / 16, groups, 16]; zero past the
+    // last row
+    const size_t codes = static_cast<size_t>(padded_rows * k), scales = static_cast<size_t>(padded_rows * groups);
+    std::unique_ptr<int8_t[]> xp(new int8_t[codes]), xlp(Fine ? new int8_t[codes] : nullptr);
+    std::unique_ptr<float[]> dxt(new float[scales]), uxt(new float[scales]);
+    at::parallel_for(0, padded_rows / 16, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t r = b0 * 16; r < b1 * 16; ++r)
+        for (int64_t g = 0; g < groups; ++g) {
+          const size_t at = static_cast<size_t>((r / 16 * groups + g) * 16 + r % 16);
+          const size_t from = static_cast<size_t>(r * k + g * kGroup), from_g = static_cast<size_t>(r * groups + g);
+          const bool real = r < rows;
+          if (real) std::memcpy(xp.get() + at * kGroup, xr.q.data() + from, kGroup);
+          else std::memset(xp.get() + at * kGroup, 0, kGroup);
+          if constexpr (Fine) {
+            if (real) std::memcpy(xlp.get() + at * kGroup, xr.lo.data() + from, kGroup);
+            else std::memset(xlp.get() + at * kGroup, 0, kGroup);
+          }
+          dxt[at] = real ? xr.dx[from_g] : 0.0f;
+          uxt[at] = real && Mins ? xr.ux[from_g] : 0.0f;
+        }
+    });
+    const int64_t grain = std::max<int64_t>(1, tiles / (4 * at::get_num_threads()));
+    at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+      kq_amx<Bits, H, Mins, Kind, Fine>(xp.get(), xlp.get(), dxt.get(), uxt.get(), rows, w, t0, t1, o);
+    });
+    return;
+  }
   // per row and weight group: -bias times the sum of xq over it (u . xq + start = q . xq)
   std::vector<int32_t> start(static_cast<size_t>(rows * groups * H));
   for (int64_t i = 0; i < rows * groups * H; ++i) {  // rows are contiguous: [r, g, h] is i
     int32_t sum = 0;
     for (int64_t b = 0; b < kGroup / H; ++b) sum += xr.code(i * (kGroup / H) + b);
     start[static_cast<size_t>(i)] = -w.bias * sum;
-  }
-  if (path == kAmx && rows >= kKqAmxMinRows) {
-    const int64_t padded_rows = (rows + 15) / 16 * 16;
-    std::vector<int8_t> xp(static_cast<size_t>(padded_rows * k), 0), xlp;
-    std::memcpy(xp.data(), xr.q.data(), xr.q.size());
-    if constexpr (Fine) {
-      xlp.assign(xp.size(), 0);
-      std::memcpy(xlp.data(), xr.lo.data(), xr.lo.size());
-    }
-    const int64_t grain = std::max<int64_t>(1, tiles / (4 * at::get_num_threads()));
-    at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-      kq_amx<Bits, H, Mins, Kind, Fine>(xr, xp.data(), xlp.data(), start.data(), rows, w, t0, t1, o);
-    });
-    return;
   }
   const int64_t tiles_per_block = (path >= kAvx512 && tiles % 2 == 0) ? 2 : 1;
   for_tile_blocks(tiles, tiles_per_block, [&](int64_t t0, int64_t t1) {
@@ -529,7 +593,9 @@ ScaleRef scale_ref(const at::Tensor& values, const std::optional<at::Tensor>& d,
               "kq_linear: ", what, "' super scales must be contiguous float16 [N/16, K/256, 16]");
   s.d = reinterpret_cast<const uint16_t*>(d->data_ptr<at::Half>());
   s.supers = k / 256;
-  s.per_super = s.groups / s.supers;
+  const int64_t per_super = s.groups / s.supers;
+  TORCH_CHECK(per_super == 8 || per_super == 16, "kq_linear: ", what, " must be per 32 or per 16 weights");
+  s.super_shift = per_super == 8 ? 3 : 4;
   return s;
 }
 
