@@ -56,6 +56,11 @@ COMPILE_AFTER_QUIET_S = 1.0
 COMPILE_START_LATEST_S = 30.0
 
 
+# A step of this many tokens (a long prompt's chunk) leaves its activations' freed pages in the
+# heap; they go back to the OS after it (ms beside the step's seconds)
+TRIM_AFTER_TOKENS = 256
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, source: ModelSource | None = None) -> None:
         started = time.perf_counter()
@@ -351,6 +356,8 @@ class LLMEngine:
         except Exception as exc:  # fail this step's requests alone; the loop goes on
             log.exception("step failed; failing its %d requests", len(out.scheduled))
             return [self._fail(req.seq, exc) for req in out.scheduled]
+        if out.num_batched_tokens >= TRIM_AFTER_TOKENS:
+            release_free_memory()
         return self._update(out, result)
 
     def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
