@@ -16,7 +16,8 @@ from argosy.ops.quantized_linear import BlockCodes, Int8Linear, code_range, inva
 
 pytestmark = pytest.mark.skipif(not load_native_ops(), reason="no C++ compiler for the native kernels")
 
-ROW_COUNTS = [1, 2, 3, 4, 5, 8, 9, 13, 33]
+# 33..35: the AVX2 prefill path (from 32 rows) with each remainder of its 3- and 2-row blocks
+ROW_COUNTS = [1, 2, 3, 4, 5, 8, 9, 13, 33, 34, 35]
 
 
 @pytest.fixture(autouse=True)

@@ -96,6 +96,19 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline void bf16_16(const f
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet)));
 }
 
+// float_to_bf16 on 8 values with AVX2 (the same integer steps; a signed compare is exact: both
+// sides of it are below 2^31)
+__attribute__((target("avx2"))) inline void bf16_8(const float* values, uint16_t* dst) {
+  const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(values));
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  const __m256i v = _mm256_blendv_epi8(rounded, quiet, nan);  // each 32-bit value below 2^16
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_castsi256_si128(packed));
+}
+
 // 16 bf16 -> fp32 (exact)
 __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16_bf16(const uint16_t* p) {
   return _mm512_castsi512_ps(

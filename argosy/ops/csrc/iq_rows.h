@@ -161,6 +161,7 @@ struct Output {
   uint16_t* b = nullptr;
   int64_t ld = 0;
   bool vector = false;  // AVX-512 for the bf16 rounding
+  bool vector8 = false;  // AVX2 for it
   void put(int64_t row, int64_t col, const float* values, int64_t count) const {
     if (f != nullptr) {
       std::memcpy(f + row * ld + col, values, static_cast<size_t>(count) * 4);
@@ -169,6 +170,8 @@ struct Output {
     int64_t i = 0;
     if (vector)
       for (; i + 16 <= count; i += 16) bf16_16(values + i, b + row * ld + col + i);
+    else if (vector8)
+      for (; i + 8 <= count; i += 8) bf16_8(values + i, b + row * ld + col + i);
     for (; i < count; ++i) b[row * ld + col + i] = float_to_bf16(values[i]);
   }
 };
@@ -201,6 +204,7 @@ Output make_output(at::Tensor& out, int64_t path) {
   Output o;
   o.ld = out.size(1);
   o.vector = path >= kAvx512;
+  o.vector8 = path == kAvx2;
   if (out.scalar_type() == at::kFloat)
     o.f = out.data_ptr<float>();
   else
