@@ -37,7 +37,7 @@ from argosy.models.gguf_config import GGUF_TENSOR_TYPES_KEY, tensor_formats
 from argosy.models.llava import check_images, load_vision
 from argosy.models.source import ModelSource
 from argosy.ops.devices import activation_reserve, gpu_kv_cache_bytes, resolve_device
-from argosy.ops.memory import release_free_memory
+from argosy.ops.memory import release_after_step, release_free_memory
 from argosy.ops.native import native_ops_path
 from argosy.runner.compiled import compiled_graph_count
 from argosy.runner.draft_model import ChainProposer, DraftModelProposer, make_proposer
@@ -54,11 +54,6 @@ log = logging.getLogger("argosy.engine")
 # long after the engine is ready whatever the traffic
 COMPILE_AFTER_QUIET_S = 1.0
 COMPILE_START_LATEST_S = 30.0
-
-
-# A step of this many tokens (a long prompt's chunk) leaves its activations' freed pages in the
-# heap; they go back to the OS after it (ms beside the step's seconds)
-TRIM_AFTER_TOKENS = 256
 
 
 class LLMEngine:
@@ -356,8 +351,7 @@ class LLMEngine:
         except Exception as exc:  # fail this step's requests alone; the loop goes on
             log.exception("step failed; failing its %d requests", len(out.scheduled))
             return [self._fail(req.seq, exc) for req in out.scheduled]
-        if out.num_batched_tokens >= TRIM_AFTER_TOKENS:
-            release_free_memory()
+        release_after_step(out.num_batched_tokens)
         return self._update(out, result)
 
     def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
