@@ -8,11 +8,11 @@ scheduler's call.
 from __future__ import annotations
 
 import math
+import mmap
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from argosy.engine.outputs import TokenLogprob
@@ -82,12 +82,17 @@ def _compiled_decode_fits(req: ScheduledRequest) -> bool:
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero tensor; on the host, from calloc'd pages that become resident only when written,
-    so the process's memory grows with the KV cache actually used, not its capacity."""
+    """A zero tensor; on the host, in an anonymous mapping of its own, whose pages become
+    resident only when written, so the process's memory grows with the KV cache actually used,
+    not its capacity. (calloc promised that too, but glibc serves a large request from heap
+    memory the loader freed, and zeroes it: SmolLM2's whole K cache, 96 MiB, was resident at
+    load.) The tensor holds the mapping; it is unmapped with the tensor."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     size = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
+    if size == 0:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8).view(dtype).view(shape)
 
 
 class ModelRunner:
