@@ -230,9 +230,9 @@ async def _complete(
         async with stream:
             async for _ in stream:
                 pass  # the record gathers the output
+        await _committed(stream)
     finally:
-        flying.discard(key)
-    await _committed(stream)
+        flying.discard(key)  # in flight until stored: a retrieve between would read `failed`
     events = _output_events(stream)
     return finished_response_json(response_id, echo, events, output_items(events, key))
 
@@ -262,9 +262,9 @@ async def _stream_events(
                     continue
                 for payload in renderer.on_event(event):
                     yield payload
+        await _committed(stream)
     finally:
-        flying.discard(key)
-    await _committed(stream)
+        flying.discard(key)  # in flight until stored: a retrieve between would read `failed`
     final = finished_response_json(response_id, echo, _output_events(stream), renderer.items)
     kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
         final["status"], "response.failed"
