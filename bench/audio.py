@@ -50,7 +50,7 @@ sys.path.insert(0, str(BENCH_DIR))
 
 import numpy as np  # noqa: E402
 import peers  # noqa: E402
-from compare import machine_line  # noqa: E402
+from host import machine_line  # noqa: E402
 
 from argosy.audio.codecs import wav_header  # noqa: E402
 from argosy.audio.sources import AUDIO_REGISTRY  # noqa: E402

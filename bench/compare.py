@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -43,6 +42,7 @@ sys.path.insert(0, str(BENCH_DIR))
 import bandwidth  # noqa: E402
 import peer_builds  # noqa: E402
 import peers  # noqa: E402
+from host import machine_line, versions_line  # noqa: E402
 from workloads import Client, PromptTokenCounter, WorkloadError, WorkloadRunner, Workloads  # noqa: E402
 
 ALL_SYSTEMS = (
@@ -296,49 +296,6 @@ def format_ratio(argosy: list[float] | None, peer: list[float] | None, metric: M
     if peer_median == 0:
         return "—"
     return f"{statistics.median(argosy) / peer_median:.2f}×"
-
-
-def machine_line() -> str:
-    model_name = platform.processor() or "unknown CPU"
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model_name = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = line
-                break
-    except OSError:
-        pass
-    extras = [
-        flag
-        for flag in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
-        if f" {flag}" in flags
-    ]
-    return f"nproc {os.cpu_count()}, {model_name} ({', '.join(extras) or 'no AVX2'})"
-
-
-def versions_line() -> str:
-    import transformers
-
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "argosy"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-    except OSError:
-        commit, dirty = "unknown", ""
-    return (
-        f"Argosy {commit}{' + uncommitted changes' if dirty else ''}; transformers {transformers.__version__}"
-    )
 
 
 def render_table(

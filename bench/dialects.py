@@ -40,7 +40,7 @@ time (send of the first request -> last event of the last); TTFT = median over t
 requests of send -> first text delta. Reported as median (min–max) over repetitions, with
 each dialect ÷ OpenAI chat and PASS/FAIL against "within 5% of OpenAI chat": tok/s at least
 0.95×, TTFT at most 1.05× (faster than OpenAI chat is never a failure). The in-process core
-without HTTP is not measured. The header carries the CPU (compare.py's machine_line), the
+without HTTP is not measured. The header carries the CPU (host.py's machine_line), the
 kernel path the server logged (native ops, attention, weight format), the load average
 before and after, and a noise row: the share of the machine's CPU that other processes used.
 The table is printed and written to bench/results/dialects-<time>.md (or --out).
@@ -67,8 +67,8 @@ REPO_ROOT = BENCH_DIR.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(BENCH_DIR))
 
-from compare import machine_line  # noqa: E402
 from dialect_streams import PROMPT, StreamResult, stream_one  # noqa: E402
+from host import machine_line  # noqa: E402
 from proc_stats import ProcessTreeSampler, process_cpu_ticks, process_tree  # noqa: E402
 
 from tests.e2e.server import ServerProcess  # noqa: E402

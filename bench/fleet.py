@@ -31,7 +31,6 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))
 sys.path.insert(0, str(BENCH_DIR))
 
-from compare import machine_line  # noqa: E402
 from fleet_sim import (  # noqa: E402
     AGG_16_TOK_S,
     BLOCK,
@@ -42,6 +41,7 @@ from fleet_sim import (  # noqa: E402
     run_sim,
     table,
 )
+from host import machine_line  # noqa: E402
 
 
 # -- real servers ------------------------------------------------------------------------------

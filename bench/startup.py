@@ -30,7 +30,7 @@ sys.path.insert(0, str(BENCH_DIR.parent))
 sys.path.insert(0, str(BENCH_DIR))
 
 import peers  # noqa: E402
-from compare import machine_line  # noqa: E402
+from host import machine_line  # noqa: E402
 
 
 def start_once(

@@ -198,7 +198,7 @@ class CompiledDecoder:
             torch._dynamo.config.accumulated_recompile_limit, 4096
         )
         # a C++ wrapper calls the graph's ~400 kernels and ops instead of generated Python:
-        # ~1 ms less per step at one row (compiling takes ~2.5 min instead of ~1 the first time)
+        # ~1 ms less per step at one row
         torch._inductor.config.cpp_wrapper = True
         # ...and that wrapper (one function of straight-line calls, ~380 KB of C++ for 18 layers)
         # built at -O1 apart from the kernels (-O3, as before): one graph of Gemma 3 or SmolLM2

@@ -89,7 +89,7 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     load.) The tensor holds the mapping; it is unmapped with the tensor."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    size = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
+    size = math.prod(shape) * dtype.itemsize
     if size == 0:
         return torch.zeros(shape, dtype=dtype)
     return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8).view(dtype).view(shape)
