@@ -72,10 +72,16 @@ def _plain_greedy(req: ScheduledRequest) -> bool:
     )
 
 
+# a sampling chunk of at most this many tokens runs as decode rows (each sees the context up to
+# itself, as a draft's do): a draft model catching up on the tokens the target emitted, a
+# prompt's tail after a prefix-cache hit
+DECODE_CHUNK_TOKENS = 4
+
+
 def _compiled_decode_fits(req: ScheduledRequest) -> bool:
-    """Decode rows only (one new token that samples, or a draft to verify), no prompt
+    """Decode rows only (a few new tokens that sample, or a draft to verify), no prompt
     logprobs to compute, and no image token among them (the graph looks every embedding up)."""
-    is_decode = (req.num_new_tokens == 1 and req.is_sampling) or req.num_spec_tokens > 0
+    is_decode = (req.num_new_tokens <= DECODE_CHUNK_TOKENS and req.is_sampling) or req.num_spec_tokens > 0
     images = req.seq.images
     in_image = bool(images) and req.seq.num_computed_tokens < images[-1].stop
     return is_decode and req.seq.params.prompt_logprobs is None and not in_image

@@ -25,10 +25,10 @@ from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_suppor
 from argosy.ops.quantized_linear import BatchSwitchLinear
 from argosy.runner.compiled import paged_decode_attention
 from argosy.runner.kv_cache import kv_bytes_per_block
-from argosy.runner.model_runner import ModelRunner
+from argosy.runner.model_runner import DECODE_CHUNK_TOKENS, ModelRunner
 from argosy.sampling_params import SamplingParams
 from tests.unit.conftest import TinyModel
-from tests.unit.test_engine import assert_all_blocks_free, greedy, prompt, run
+from tests.unit.test_engine import Result, assert_all_blocks_free, collect, greedy, prompt, run
 from tests.unit.test_spec_decode import SPEC, draft_prone_prompt
 
 
@@ -60,6 +60,17 @@ def test_compiled_steps_equal_eager_steps(tiny: TinyModel) -> None:
     for got, want in zip(compiled["lp"].logprobs, eager["lp"].logprobs, strict=True):
         assert got.token_id == want.token_id
         assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
+    # a prompt of a few tokens (a draft model's catch-up is such a chunk) runs as decode rows:
+    # every step of this request, its prompt's included, goes through the graph
+    short = {"short": (prompt(DECODE_CHUNK_TOKENS, seed=54), greedy(12))}
+    before, steps = engine.runner.num_compiled_steps, 0
+    engine.add_request("short", *short["short"])
+    results: dict[str, Result] = {}
+    while engine.has_unfinished():
+        collect(results, engine.step())
+        steps += 1
+    assert engine.runner.num_compiled_steps - before == steps
+    assert results["short"].token_ids == run(tiny.engine(), short)["short"].token_ids
     assert_all_blocks_free(engine)
 
 
