@@ -127,6 +127,7 @@ _HELP = {
     "~1.9x the tokens in --kv-cache-memory; the invariant kernels only)",
     "draft_model": "a smaller model of the same tokenizer that drafts tokens for the chat models "
     "(speculative decoding; with --speculative ngram, n-gram drafts first)",
+    "draft_vocab": "the draft model proposes among the first N token ids only (its output head cut; 0: all)",
     "enable_lora": "wrap the layers for LoRA adapters without --lora (for POST /v1/load_lora_adapter)",
     "max_loras": "LoRA adapters resident at once per model (least recently used beyond it: read again on use)",
     "max_lora_rank": "largest LoRA rank an adapter may have",

@@ -80,6 +80,12 @@ class EngineConfig:
     # a smaller model of the same tokenizer that drafts for this one (runner/draft_model.py):
     # a registered name, a .gguf file or a folder; with speculative "ngram" the two chain
     draft_model: str | None = None
+    # the draft model proposes among the first draft_vocab token ids only (0: all): its output
+    # head cut to those rows (FR-Spec's idea; a byte-level BPE numbers its tokens in merge order,
+    # roughly by frequency). Qwen2.5's 151,936-row head is ~1/3 of the 0.5B's bytes a step; the
+    # first 65,536 ids hold 98% of the tokens of a passage and of code (bench/workloads.py, our
+    # source), and the target verifies every proposal, so its tokens do not change
+    draft_vocab: int = 65536
     # LoRA adapters (argosy/engine/adapters.py): (name, path) served from the start; enable_lora
     # wraps the projections even without one, so that /v1/load_lora_adapter can add them later
     loras: tuple[tuple[str, str], ...] = ()
@@ -143,6 +149,10 @@ class EngineConfig:
             raise InvalidRequestError(
                 f"num_speculative_tokens must be in 1..16, got {self.num_speculative_tokens}",
                 "num_speculative_tokens",
+            )
+        if self.draft_vocab < 0:
+            raise InvalidRequestError(
+                f"draft_vocab must be 0 (all) or more, got {self.draft_vocab}", "draft_vocab"
             )
         if self.spec_max_decodes < 1:
             raise InvalidRequestError("spec_max_decodes must be at least 1", "spec_max_decodes")

@@ -9,6 +9,7 @@ its CMake would fetch from Hugging Face, is switched off.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -219,6 +220,12 @@ def peers_python() -> Path:
 
 
 if __name__ == "__main__":
-    names = sys.argv[1:] or list(BUILDS)
-    for name in names:
-        print(build(BUILDS[name]))
+    parser = argparse.ArgumentParser(description="Build the peers bench/compare.py runs against.")
+    parser.add_argument("names", nargs="*", metavar="PEER", help=f"peers to build, of {', '.join(BUILDS)} (default: all)")
+    parser.add_argument("--force", action="store_true", help="rebuild even if the marker is current")
+    args = parser.parse_args()
+    unknown = [name for name in args.names if name not in BUILDS]
+    if unknown:
+        parser.error(f"no peer named {', '.join(unknown)} (peers: {', '.join(BUILDS)})")
+    for name in args.names or list(BUILDS):
+        print(build(BUILDS[name], force=args.force))

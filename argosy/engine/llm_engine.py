@@ -40,7 +40,7 @@ from argosy.ops.devices import activation_reserve, gpu_kv_cache_bytes, resolve_d
 from argosy.ops.memory import release_after_step, release_free_memory
 from argosy.ops.native import native_ops_path
 from argosy.runner.compiled import compiled_graph_count
-from argosy.runner.draft_model import ChainProposer, DraftModelProposer, make_proposer
+from argosy.runner.draft_model import ChainProposer, DraftModelProposer, limit_logits, make_proposer
 from argosy.runner.kv_cache import kv_bytes_per_block, kv_bytes_per_token, resolve_kv_dtype
 from argosy.runner.model_runner import ModelRunner, StepResult
 from argosy.runner.spec_decode import Verified
@@ -57,7 +57,10 @@ COMPILE_START_LATEST_S = 30.0
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, source: ModelSource | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, source: ModelSource | None = None, logits_rows: int | None = None
+    ) -> None:
+        """`logits_rows`: logits for the first tokens only (a draft model's: runner/draft_model.py)."""
         started = time.perf_counter()
         self.config = config
         if source is None:
@@ -77,6 +80,8 @@ class LLMEngine:
             pack=config.compile == "on",
             invariant=self.invariant,
         )
+        if logits_rows is not None:
+            limit_logits(self.model, logits_rows)
         cfg = self.model.config
         self.kv_dtype = resolve_kv_dtype(
             config.kv_cache_dtype, self.model, self.invariant, self.device, self.dtype

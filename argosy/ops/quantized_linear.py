@@ -18,6 +18,7 @@ with the native int4 kernel, ad-hoc engine probe).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -334,6 +335,21 @@ class Int8Linear(nn.Module):
         if self.native:
             self.register_buffer("tiles", q8_tiles(codes))
             self.register_buffer("tile_scales", scales)  # float32
+
+    def first_outputs(self, n: int) -> Int8Linear:
+        """This layer's first n outputs (a multiple of 16, the kernels' tile) as a layer of its
+        own, on views of these buffers (no copy); for the invariant forms, whose buffers are
+        held per tile of 16 outputs."""
+        assert self.invariant and n % _TILE == 0 and 0 < n <= self.out_features
+        part = copy.copy(self)
+        part._parameters = {
+            name: None if p is None else nn.Parameter(p[:n], requires_grad=False)
+            for name, p in self._parameters.items()
+        }
+        part._buffers = {name: None if b is None else b[: n // _TILE] for name, b in self._buffers.items()}
+        part._modules = dict(self._modules)
+        part.out_features = n
+        return part
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

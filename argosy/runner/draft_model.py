@@ -9,6 +9,9 @@ the longest common prefix it had computed (a rejected draft's KV lies beyond it 
 overwritten), then decodes greedily for up to k tokens. The target's verification
 (spec_decode.verify_batch) decides what is emitted, so greedy and seeded requests give the same
 tokens with and without the draft; the draft only decides how many are emitted per step.
+The draft scores only the first `draft_vocab` token ids (its head cut: `limit_logits`), and
+its catch-up on the target's last tokens (1 + an accepted draft's last) runs as decode rows of
+its compiled step (model_runner.DECODE_CHUNK_TOKENS), not as an eager prefill chunk.
 
 With --speculative ngram too, the proposals chain (`ChainProposer`): the n-gram lookup's draft
 where it finds one (free: copied from the context), else the draft model's.
@@ -20,8 +23,11 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
+from torch import nn
+
 from argosy.engine.sequence import Sequence
 from argosy.errors import ModelLoadError
+from argosy.ops.quantized_linear import Int8Linear
 from argosy.runner.spec_decode import NgramProposer, can_speculate, draft_room
 from argosy.sampling_params import SamplingParams
 
@@ -50,6 +56,28 @@ def vocabulary_difference(draft: ModelSource, target: ModelSource) -> str | None
     return None
 
 
+def limit_logits(model: nn.Module, rows: int) -> bool:
+    """The model's logits for its first `rows` tokens only (rounded up to the kernels' tile of
+    16): its output head cut to those rows, on views of its buffers (a tied embedding keeps the
+    whole table). False where the head is of a form not cut (it stays whole)."""
+    head = getattr(model, "lm_head", None)
+    rows = -(-rows // 16) * 16
+    if isinstance(head, Int8Linear) and head.invariant:
+        if rows < head.out_features:
+            model.lm_head = head.first_outputs(rows)
+        return True
+    if type(head) is nn.Linear:
+        if rows < head.out_features:
+            part = nn.Linear(head.in_features, rows, bias=head.bias is not None, device="meta")
+            part.weight = nn.Parameter(head.weight[:rows], requires_grad=False)
+            if head.bias is not None:
+                part.bias = nn.Parameter(head.bias[:rows], requires_grad=False)
+            model.lm_head = part
+        return True
+    log.info("draft model: its output head (%s) is not cut; it scores every token", type(head).__name__)
+    return False
+
+
 class DraftModelProposer:
     def __init__(
         self, config: EngineConfig, target: ModelSource, max_model_len: int, source: ModelSource | None = None
@@ -73,7 +101,7 @@ class DraftModelProposer:
             max_model_len=max_model_len,
             enable_prefix_caching=False,  # a rejected draft's slots are rewritten in place
         )
-        self.engine: LLMEngine = LLMEngine(draft_config, source)
+        self.engine: LLMEngine = LLMEngine(draft_config, source, logits_rows=config.draft_vocab or None)
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
         self.states: dict[str, Sequence] = {}  # request id -> the draft engine's copy: tokens, KV blocks

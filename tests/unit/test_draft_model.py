@@ -10,8 +10,9 @@ from dataclasses import replace
 import pytest
 from tokenizers import Tokenizer, models
 
+from argosy.config import EngineConfig
 from argosy.engine.llm_engine import LLMEngine
-from argosy.errors import ModelLoadError
+from argosy.errors import InvalidRequestError, ModelLoadError
 from argosy.runner.draft_model import ChainProposer, DraftModelProposer, vocabulary_difference
 from argosy.runner.spec_decode import NgramProposer
 from argosy.sampling_params import SamplingParams
@@ -23,8 +24,11 @@ from tests.unit.test_spec_decode import draft_prone_prompt, use_proposer
 def with_draft(
     target: TinyModel, draft: TinyModel, **options: object
 ) -> tuple[LLMEngine, DraftModelProposer]:
+    draft_vocab = options.pop("draft_vocab", None)
     engine = target.engine(**options)
     config = replace(engine.config, draft_model=str(draft.folder))
+    if draft_vocab is not None:
+        config = replace(config, draft_vocab=draft_vocab)
     proposer = DraftModelProposer(config, target.source, engine.max_model_len, source=draft.source)
     return use_proposer(engine, proposer), proposer
 
@@ -103,3 +107,35 @@ def test_a_draft_of_another_vocabulary_is_refused_naming_the_difference(tiny_qwe
     config = replace(engine.config, draft_model="other")
     with pytest.raises(ModelLoadError, match="cannot draft for 'tiny': the draft's tokenizer has 2 tokens"):
         DraftModelProposer(config, tiny_qwen2.source, engine.max_model_len, source=draft)
+
+
+def test_a_draft_cut_to_its_first_tokens_proposes_only_those_and_changes_no_token(
+    tiny_qwen2: TinyModel,
+) -> None:
+    """draft_vocab: the draft's head keeps its first rows (rounded up to 16); the target's tokens
+    are the same, and a draft equal to the target is now wrong exactly where the target picks a
+    token past the cut."""
+    ids = prompt(12, 3)
+    plain = tiny_qwen2.greedy(ids, 30)
+    engine, proposer = with_draft(tiny_qwen2, tiny_qwen2, draft_vocab=100)
+    assert proposer.engine.model.lm_head.out_features == 112
+    proposed: list[int] = []
+    propose = proposer.propose
+
+    def recorded(seq, limit):  # type: ignore[no-untyped-def]
+        draft = propose(seq, limit)
+        proposed.extend(draft)
+        return draft
+
+    proposer.propose = recorded  # type: ignore[method-assign]
+    assert run_one(engine, ids, greedy(30), "cut").token_ids == plain
+    assert proposed and max(proposed) < 112
+    stats = engine.stats()
+    assert (stats.spec_accepted_tokens == stats.spec_proposed_tokens) == all(t < 112 for t in plain)
+
+
+def test_draft_vocab_zero_keeps_the_whole_head(tiny_qwen2: TinyModel) -> None:
+    _, proposer = with_draft(tiny_qwen2, tiny_qwen2, draft_vocab=0)
+    assert proposer.engine.model.lm_head.out_features == tiny_qwen2.source.hf_config["vocab_size"]
+    with pytest.raises(InvalidRequestError, match="draft_vocab"):
+        EngineConfig(draft_vocab=-1)

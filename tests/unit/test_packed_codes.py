@@ -178,3 +178,23 @@ def test_a_fused_layer_of_two_formats_holds_each_part_at_its_bits() -> None:
     x = rows(5, k, seed=4)
     alone = [Int8Linear(None, None, torch.bfloat16, invariant=True, blocks=p)(x) for p in parts]
     assert torch.equal(bits(fused(x)), bits(torch.cat(alone, dim=-1)))
+
+
+@pytest.mark.parametrize("fmt", ["q6_k", "q8_0"])
+def test_a_layers_first_outputs_are_its_outputs_cut(fmt: str) -> None:
+    """Int8Linear.first_outputs (a draft model's head cut to its first tokens): the same bits as
+    the whole layer's first columns, at the file's bits (Q6_K) and as int8 codes (Q8_0's)."""
+    n, k = 64, 512
+    if fmt == "q8_0":
+        gen = torch.Generator().manual_seed(5)
+        codes = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+        weight = BlockCodes(codes, (torch.rand(n, k // 32, generator=gen) * 0.01 + 1e-3).half().float())
+    else:
+        weight, super_scales = kquant(fmt, n, k, seed=4)
+        weight = BlockCodes(weight.codes, weight.scales, weight.mins, super_scales=super_scales)
+    layer = Int8Linear(None, None, torch.bfloat16, invariant=True, float_output=True, blocks=weight)
+    assert (layer.packed is not None) == (fmt == "q6_k")
+    part = layer.first_outputs(32)
+    x = rows(5, k, seed=9)
+    assert part.out_features == 32 and layer.out_features == n
+    assert torch.equal(bits(part(x)), bits(layer(x)[:, :32]))
