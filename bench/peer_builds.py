@@ -221,7 +221,9 @@ def peers_python() -> Path:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Build the peers bench/compare.py runs against.")
-    parser.add_argument("names", nargs="*", metavar="PEER", help=f"peers to build, of {', '.join(BUILDS)} (default: all)")
+    parser.add_argument(
+        "names", nargs="*", metavar="PEER", help=f"peers to build, of {', '.join(BUILDS)} (default: all)"
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even if the marker is current")
     args = parser.parse_args()
     unknown = [name for name in args.names if name not in BUILDS]
