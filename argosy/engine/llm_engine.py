@@ -357,7 +357,12 @@ class LLMEngine:
             log.exception("step failed; failing its %d requests", len(out.scheduled))
             return [self._fail(req.seq, exc) for req in out.scheduled]
         release_after_step(out.num_batched_tokens)
-        return self._update(out, result)
+        outputs = self._update(out, result)
+        if isinstance(self.proposer, DraftModelProposer | ChainProposer):
+            for req in out.scheduled:  # a draft model computes each prompt chunk beside the target
+                if req.num_new_tokens > 1 and not req.num_spec_tokens and not req.seq.is_finished:
+                    self.proposer.follow(req.seq)
+        return outputs
 
     def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
         self.scheduler.finish(seq, "error")

@@ -6,7 +6,8 @@ the same numerics as the target's), driven here one request at a time: each call
 brings the draft's copy of the request up to the target's known tokens (a prefill of what the
 draft has not seen: the prompt on the first call, then the tokens the target emitted), keeping
 the longest common prefix it had computed (a rejected draft's KV lies beyond it and is
-overwritten), then decodes greedily for up to k tokens. The target's verification
+overwritten), then decodes greedily for up to k tokens. The prompt it computes beside the
+target's, chunk for chunk (`follow`). The target's verification
 (spec_decode.verify_batch) decides what is emitted, so greedy and seeded requests give the same
 tokens with and without the draft; the draft only decides how many are emitted per step.
 The draft scores only the first `draft_vocab` token ids (its head cut: `limit_logits`), and
@@ -116,7 +117,30 @@ class DraftModelProposer:
         limit = min(limit, draft_room(seq, self.k, self.max_model_len))
         if limit <= 0 or not can_speculate(seq):
             return []
-        tokens = seq.all_token_ids()
+        draft = self._align(seq, seq.all_token_ids())
+        proposal: list[int] = []
+        while len(proposal) < limit:
+            token = self._step(draft)
+            if token is None:
+                break
+            proposal.append(token)
+            draft.output_token_ids.append(token)
+        return proposal
+
+    def follow(self, seq: Sequence) -> None:
+        """The target computed a chunk of `seq`'s prompt: the draft computes it too, in the same
+        step (as vLLM's and SGLang's drafts prefill beside their target), so its prefill is part
+        of the time to the first token, not a stall after it."""
+        room = draft_room(seq, self.k, self.max_model_len)
+        if room <= 0 or seq.pooling is not None or not can_speculate(seq) or seq.num_computed_tokens < 1:
+            return
+        draft = self._align(seq, seq.all_token_ids()[: seq.num_computed_tokens])
+        if draft.num_computed_tokens < draft.num_tokens:
+            self._step(draft)
+
+    def _align(self, seq: Sequence, tokens: list[int]) -> Sequence:
+        """The draft's copy of `seq` holding `tokens`, its KV kept over their longest prefix it
+        has computed (a rejected draft's KV lies beyond it and is overwritten)."""
         draft = self._draft_for(seq)
         known = draft.all_token_ids()
         common = 0
@@ -126,14 +150,7 @@ class DraftModelProposer:
         draft.prompt_token_ids = tokens
         draft.output_token_ids = []
         draft.num_computed_tokens = common
-        proposal: list[int] = []
-        while len(proposal) < limit:
-            token = self._step(draft)
-            if token is None:
-                break
-            proposal.append(token)
-            draft.output_token_ids.append(token)
-        return proposal
+        return draft
 
     def _step(self, draft: Sequence) -> int | None:
         """Compute the draft's tokens not yet computed (in chunks) and return its greedy next
@@ -184,6 +201,9 @@ class ChainProposer:
 
     def stop_compiling(self, timeout: float = 0.0) -> None:
         self.model.stop_compiling(timeout)
+
+    def follow(self, seq: Sequence) -> None:
+        self.model.follow(seq)
 
     def release(self, request_id: str) -> None:
         self.model.release(request_id)

@@ -17,7 +17,7 @@ from argosy.runner.draft_model import ChainProposer, DraftModelProposer, vocabul
 from argosy.runner.spec_decode import NgramProposer
 from argosy.sampling_params import SamplingParams
 from tests.unit.conftest import TinyModel
-from tests.unit.test_engine import greedy, prompt, run, run_one
+from tests.unit.test_engine import Result, collect, greedy, prompt, run, run_one
 from tests.unit.test_spec_decode import draft_prone_prompt, use_proposer
 
 
@@ -139,3 +139,25 @@ def test_draft_vocab_zero_keeps_the_whole_head(tiny_qwen2: TinyModel) -> None:
     assert proposer.engine.model.lm_head.out_features == tiny_qwen2.source.hf_config["vocab_size"]
     with pytest.raises(InvalidRequestError, match="draft_vocab"):
         EngineConfig(draft_vocab=-1)
+
+
+def test_the_draft_computes_each_prompt_chunk_beside_the_target(
+    tiny_qwen2: TinyModel, tiny_llama: TinyModel
+) -> None:
+    """follow: the draft's prefill runs in the target's prompt steps (chunked as the target's:
+    64 tokens a step here), not on the first draft after it; the tokens are plain decoding's."""
+    ids = prompt(100, 8)
+    plain = run_one(tiny_qwen2.engine(), ids, greedy(12), "p").token_ids
+    engine, proposer = with_draft(tiny_qwen2, tiny_llama)
+    engine.add_request("p", ids, greedy(12))
+    results: dict[str, Result] = {}
+    collect(results, engine.step())
+    assert proposer.states["p"].num_computed_tokens == 64  # the target's first chunk
+    collect(results, engine.step())
+    assert proposer.states["p"].num_computed_tokens == 100  # its last: the draft is level with it
+    while engine.has_unfinished():
+        collect(results, engine.step())
+    assert results["p"].token_ids == plain
+    engine.add_request("short", prompt(20, 9), greedy(2))  # one token after the first: no draft
+    collect(results, engine.step())
+    assert "short" not in proposer.states
