@@ -181,7 +181,12 @@ class MLP(nn.Module):
         self.invariant_ops = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.invariant_ops:  # one pass, rounded once, the same bits on every path and graph
+            shape = gate_up.shape
+            out = torch.ops.argosy_iq.swiglu(gate_up.reshape(-1, shape[-1]).contiguous())
+            return self.down_proj(out.view(*shape[:-1], self.intermediate))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

@@ -197,6 +197,10 @@ def _register_invariant_fakes() -> None:
     def _(gate_up):  # type: ignore[no-untyped-def]
         return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
 
+    @torch.library.register_fake("argosy_iq::swiglu")
+    def _(gate_up):  # type: ignore[no-untyped-def]
+        return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+
     @torch.library.register_fake("argosy_iq::lora")
     def _(y, x, slot, scale, a, b):  # type: ignore[no-untyped-def]
         return y.new_empty(y.shape)

@@ -384,6 +384,37 @@ def test_geglu_gives_the_scalar_bits_on_every_path_and_gelu_tanh_times_up(
         assert torch.equal(bits(alone), bits(reference)), path
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_swiglu_gives_the_scalar_bits_on_every_path_and_silu_times_up(
+    paths: list[str], dtype: torch.dtype
+) -> None:
+    """silu(gate) * up in one pass: every path gives the scalar reference's bits (a remainder for
+    the vector paths; large, tiny, zero and negative gates: exp's argument is never positive),
+    float64's value within a few fp32 ulps before the output's one rounding, and aten's silu
+    times up within bf16's roundings."""
+    gen = torch.Generator().manual_seed(19)
+    rows, inter = 5, 2 * 1024 + 24
+    gate_up = torch.randn(rows, 2 * inter, generator=gen) * 4
+    gate_up[0, :10] = torch.tensor([0.0, -0.0, 1e-6, -1e-6, 40.0, -40.0, 1e4, -1e4, 88.0, -120.0])
+    gate_up = gate_up.to(dtype)
+    torch.ops.argosy_iq.set_path("scalar")
+    reference = torch.ops.argosy_iq.swiglu(gate_up)
+    assert reference.dtype == dtype and reference.shape == (rows, inter)
+    g, u = gate_up[:, :inter].double(), gate_up[:, inter:].double()
+    exact = g * torch.sigmoid(g) * u
+    # exp's argument is held at -87 (iq_exp.h): silu(g) for g < -87 is ~1e-36 g, not 0
+    tolerance = (2**-8 if dtype == torch.bfloat16 else 4e-7) * exact.abs() + 1e-32
+    assert bool(((reference.double() - exact).abs() <= tolerance).all())
+    aten = (torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]).float()  # rounds twice
+    tolerance = (2**-6 if dtype == torch.bfloat16 else 1e-6) * aten.abs() + 1e-32
+    assert bool(((reference.float() - aten).abs() <= tolerance).all())
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        assert torch.equal(bits(torch.ops.argosy_iq.swiglu(gate_up)), bits(reference)), path
+        alone = torch.cat([torch.ops.argosy_iq.swiglu(gate_up[i : i + 1]) for i in range(rows)])
+        assert torch.equal(bits(alone), bits(reference)), path
+
+
 @pytest.mark.parametrize(("dim", "offset"), [(640, 1.0), (256, 1.0), (576, 0.0), (45, 1.0)])
 def test_rms_norm_gives_the_scalar_bits_on_every_path_and_the_float64_norm(
     paths: list[str], dim: int, offset: float

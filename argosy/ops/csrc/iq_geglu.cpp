@@ -10,6 +10,12 @@
 // aten's gelu (tanh) then a product in bf16 rounds twice; this rounds once, and its tanh is
 // within a few fp32 ulps of libm's (tests/unit/test_invariant_kernels.py). One pass over the
 // values instead of aten's three (gelu, its bf16 copy, the product) in the eager prefill.
+//
+// argosy_iq::swiglu(gate_up) -> [T, I]: the same for SwiGLU (Llama's, Qwen's, SmolLM's
+// feed-forward): out = silu(g) * u = (g * s) * u, where with e = exp_argosy(-|g|)
+// s = (g >= 0 ? 1 : e) / (1 + e) (the sigmoid, exp's argument never positive). aten's silu of
+// the strided gate half then the product, bf16 [1,000, 2 x 8,960] (the 1.5B's prefill chunk):
+// 3.7-5.7 ms, this op 2.3 (AVX-512 EPYC, 2 threads): a few % of the prefill.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -37,6 +43,12 @@ inline float geglu_scalar(float g, float u) {
   const float e = exp_scalar(-(a + a));
   const float t = std::copysign((1.0f - e) / (1.0f + e), v);
   return ((0.5f * g) * (1.0f + t)) * u;
+}
+
+inline float swiglu_scalar(float g, float u) {
+  const float e = exp_scalar(-std::fabs(g));
+  const float s = (g >= 0.0f ? 1.0f : e) / (1.0f + e);
+  return (g * s) * u;
 }
 
 #define ARGOSY_GEGLU512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -67,6 +79,36 @@ ARGOSY_GEGLU256 inline __m256 geglu256(__m256 g, __m256 u) {
   return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), g), _mm256_add_ps(one, t)), u);
 }
 
+ARGOSY_GEGLU512 inline __m512 swiglu512(__m512 g, __m512 u) {
+  const __m512i sign = _mm512_set1_epi32(static_cast<int32_t>(0x80000000u));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 e = exp512(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g), sign)));  // -|g|
+  const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+  const __m512 s = _mm512_div_ps(_mm512_mask_blend_ps(negative, one, e), _mm512_add_ps(one, e));
+  return _mm512_mul_ps(_mm512_mul_ps(g, s), u);
+}
+
+ARGOSY_GEGLU256 inline __m256 swiglu256(__m256 g, __m256 u) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 e = exp256(_mm256_or_ps(g, _mm256_set1_ps(-0.0f)));  // -|g|
+  const __m256 negative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 s = _mm256_div_ps(_mm256_blendv_ps(one, e, negative), _mm256_add_ps(one, e));
+  return _mm256_mul_ps(_mm256_mul_ps(g, s), u);
+}
+
+// the activations, each on 1, 8 or 16 values with the same operations
+struct Geglu {
+  static float one(float g, float u) { return geglu_scalar(g, u); }
+  ARGOSY_GEGLU256 static __m256 eight(__m256 g, __m256 u) { return geglu256(g, u); }
+  ARGOSY_GEGLU512 static __m512 sixteen(__m512 g, __m512 u) { return geglu512(g, u); }
+};
+
+struct Swiglu {
+  static float one(float g, float u) { return swiglu_scalar(g, u); }
+  ARGOSY_GEGLU256 static __m256 eight(__m256 g, __m256 u) { return swiglu256(g, u); }
+  ARGOSY_GEGLU512 static __m512 sixteen(__m512 g, __m512 u) { return swiglu512(g, u); }
+};
+
 template <typename T>
 inline float load1(const T* p);
 template <>
@@ -93,30 +135,30 @@ ARGOSY_GEGLU256 inline __m256 load8(const uint16_t* p) {
 }
 
 // one row's values [i0, i1): the vector paths take 16 or 8 at a time, the rest one at a time
-template <typename T>
+template <typename Act, typename T>
 ARGOSY_GEGLU512 void row512(const T* g, const T* u, T* out, int64_t n) {
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) store16(out + i, geglu512(load16(g + i), load16(u + i)));
-  for (; i < n; ++i) store1(out + i, geglu_scalar(load1(g + i), load1(u + i)));
+  for (; i + 16 <= n; i += 16) store16(out + i, Act::sixteen(load16(g + i), load16(u + i)));
+  for (; i < n; ++i) store1(out + i, Act::one(load1(g + i), load1(u + i)));
 }
 
-template <typename T>
+template <typename Act, typename T>
 ARGOSY_GEGLU256 void row256(const T* g, const T* u, T* out, int64_t n) {
   int64_t i = 0;
   alignas(32) float values[8];
   for (; i + 8 <= n; i += 8) {
-    _mm256_store_ps(values, geglu256(load8(g + i), load8(u + i)));
+    _mm256_store_ps(values, Act::eight(load8(g + i), load8(u + i)));
     for (int l = 0; l < 8; ++l) store1(out + i + l, values[l]);
   }
-  for (; i < n; ++i) store1(out + i, geglu_scalar(load1(g + i), load1(u + i)));
+  for (; i < n; ++i) store1(out + i, Act::one(load1(g + i), load1(u + i)));
 }
 
-template <typename T>
+template <typename Act, typename T>
 void row_scalar(const T* g, const T* u, T* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) store1(out + i, geglu_scalar(load1(g + i), load1(u + i)));
+  for (int64_t i = 0; i < n; ++i) store1(out + i, Act::one(load1(g + i), load1(u + i)));
 }
 
-template <typename T>
+template <typename Act, typename T>
 void run(const T* in, T* out, int64_t rows, int64_t inter, int64_t path) {
   const int64_t chunk = 1024;  // values a task: rows are cut into chunks, each value on its own
   const int64_t per_row = (inter + chunk - 1) / chunk;
@@ -126,32 +168,42 @@ void run(const T* in, T* out, int64_t rows, int64_t inter, int64_t path) {
       const T* g = in + r * 2 * inter + i0;
       T* o = out + r * inter + i0;
       if (path >= kAvx512)
-        row512(g, g + inter, o, n);
+        row512<Act>(g, g + inter, o, n);
       else if (path == kAvx2)
-        row256(g, g + inter, o, n);
+        row256<Act>(g, g + inter, o, n);
       else
-        row_scalar(g, g + inter, o, n);
+        row_scalar<Act>(g, g + inter, o, n);
     }
   });
 }
 
-at::Tensor geglu(const at::Tensor& gate_up) {
+template <typename Act>
+at::Tensor gated(const at::Tensor& gate_up, const char* op) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0 &&
                   (gate_up.scalar_type() == at::kBFloat16 || gate_up.scalar_type() == at::kFloat),
-              "geglu: gate_up must be a contiguous [rows, 2 * intermediate] bfloat16 or float32 tensor");
+              op, ": gate_up must be a contiguous [rows, 2 * intermediate] bfloat16 or float32 tensor");
   const int64_t rows = gate_up.size(0), inter = gate_up.size(1) / 2, path = current_path();
   at::Tensor out = at::empty({rows, inter}, gate_up.options());
   if (rows == 0 || inter == 0) return out;
   if (gate_up.scalar_type() == at::kFloat)
-    run(gate_up.data_ptr<float>(), out.data_ptr<float>(), rows, inter, path);
+    run<Act>(gate_up.data_ptr<float>(), out.data_ptr<float>(), rows, inter, path);
   else
-    run(reinterpret_cast<const uint16_t*>(gate_up.data_ptr<at::BFloat16>()),
-        reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), rows, inter, path);
+    run<Act>(reinterpret_cast<const uint16_t*>(gate_up.data_ptr<at::BFloat16>()),
+             reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), rows, inter, path);
   return out;
 }
 
+at::Tensor geglu(const at::Tensor& gate_up) { return gated<Geglu>(gate_up, "geglu"); }
+at::Tensor swiglu(const at::Tensor& gate_up) { return gated<Swiglu>(gate_up, "swiglu"); }
+
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(argosy_iq, m) { m.def("geglu(Tensor gate_up) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(argosy_iq, m) {
+  m.def("geglu(Tensor gate_up) -> Tensor");
+  m.def("swiglu(Tensor gate_up) -> Tensor");
+}
 
-TORCH_LIBRARY_IMPL(argosy_iq, CPU, m) { m.impl("geglu", &geglu); }
+TORCH_LIBRARY_IMPL(argosy_iq, CPU, m) {
+  m.impl("geglu", &geglu);
+  m.impl("swiglu", &swiglu);
+}
