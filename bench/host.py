@@ -34,19 +34,13 @@ def machine_line() -> str:
 def versions_line() -> str:
     import transformers
 
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=False
+        ).stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "argosy"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
+        commit, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "argosy")
     except OSError:
         commit, dirty = "unknown", ""
     return (

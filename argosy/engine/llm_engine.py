@@ -21,6 +21,7 @@ import time
 from argosy.config import EngineConfig
 from argosy.engine.adapters import AdapterSet, check_adapter, serve_adapters
 from argosy.engine.block_manager import BlockManager
+from argosy.engine.description import describe_engine
 from argosy.engine.outputs import EngineStats, ModelDescription, RequestOutput
 from argosy.engine.scheduler import Scheduler, SchedulerOutput
 from argosy.engine.sequence import ImagePlacement, Sequence
@@ -30,18 +31,15 @@ from argosy.models.build import (
     describe_weights,
     load_model,
     max_int4_rows,
-    model_memory_bytes,
     resolve_numerics,
 )
-from argosy.models.gguf_config import GGUF_TENSOR_TYPES_KEY, tensor_formats
 from argosy.models.llava import check_images, load_vision
 from argosy.models.source import ModelSource
 from argosy.ops.devices import activation_reserve, gpu_kv_cache_bytes, resolve_device
 from argosy.ops.memory import release_after_step, release_free_memory
-from argosy.ops.native import native_ops_path
 from argosy.runner.compiled import compiled_graph_count
-from argosy.runner.draft_model import ChainProposer, DraftModelProposer, limit_logits, make_proposer
-from argosy.runner.kv_cache import kv_bytes_per_block, kv_bytes_per_token, resolve_kv_dtype
+from argosy.runner.draft_model import limit_logits, make_proposer
+from argosy.runner.kv_cache import kv_bytes_per_block, resolve_kv_dtype
 from argosy.runner.model_runner import ModelRunner, StepResult
 from argosy.runner.spec_decode import Verified
 from argosy.runner.structured import TokenGuide
@@ -228,52 +226,13 @@ class LLMEngine:
         """Ask a background compile to stop after its current graph (the engine is closing);
         wait up to `timeout` seconds for it."""
         self._stop_compiling.set()
-        if isinstance(self.proposer, DraftModelProposer | ChainProposer):
+        if self.proposer is not None:
             self.proposer.stop_compiling(timeout)
         if self._compile_thread is not None and self._compile_thread.is_alive() and timeout > 0:
             self._compile_thread.join(timeout)
 
     def describe(self) -> ModelDescription:
-        source = self.source
-        kv_bytes = self.num_blocks * kv_bytes_per_block(
-            self.model.config.num_layers,
-            self.config.block_size,
-            self.model.config.num_kv_heads,
-            self.model.config.head_dim,
-            self.kv_dtype,
-        )
-        return ModelDescription(
-            name=source.name,
-            architecture=source.architecture,
-            dtype=str(self.dtype).removeprefix("torch."),
-            context_length=self.max_model_len,
-            vocab_size=self.vocab_size,
-            tokenizer=source.tokenizer,
-            chat_template=source.chat_template,
-            bos_token=source.bos_token,
-            eos_token=source.eos_token,
-            bos_token_id=source.bos_token_id,
-            eos_token_ids=tuple(source.eos_token_ids),
-            add_bos_token=source.add_bos_token,
-            generation_config=dict(source.generation_config),
-            quantization=source.gguf_file_type,
-            weights=self.weights,
-            compiled_decode=self.config.compile != "off",  # asked for (live: stats().compile_status)
-            memory_bytes=model_memory_bytes(self.model) + kv_bytes,
-            kernels="triton-cuda" if self.device.startswith("cuda") else native_ops_path(self.invariant),
-            deterministic=self.deterministic,
-            tensor_formats=tensor_formats(source.hf_config.get(GGUF_TENSOR_TYPES_KEY)),
-            hidden_size=self.model.config.hidden_size,
-            kv_cache_dtype=str(self.kv_dtype).removeprefix("torch."),
-            kv_bytes_per_token=kv_bytes_per_token(
-                self.model.config.num_layers,
-                self.model.config.num_kv_heads,
-                self.model.config.head_dim,
-                self.kv_dtype,
-            ),
-            kv_capacity_tokens=self.num_blocks * self.config.block_size,
-            accepts_images=self.vision is not None,
-        )
+        return describe_engine(self)
 
     # -- requests ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -342,7 +301,7 @@ class LLMEngine:
         self.runner.release(request_id)
         if self.adapters is not None:
             self.adapters.let_go(request_id)
-        if isinstance(self.proposer, DraftModelProposer | ChainProposer):
+        if self.proposer is not None:
             self.proposer.release(request_id)
 
     # -- one step ------------------------------------------------------------------------
@@ -358,10 +317,8 @@ class LLMEngine:
             return [self._fail(req.seq, exc) for req in out.scheduled]
         release_after_step(out.num_batched_tokens)
         outputs = self._update(out, result)
-        if isinstance(self.proposer, DraftModelProposer | ChainProposer):
-            for req in out.scheduled:  # a draft model computes each prompt chunk beside the target
-                if req.num_new_tokens > 1 and not req.num_spec_tokens and not req.seq.is_finished:
-                    self.proposer.follow(req.seq)
+        if self.proposer is not None:  # a draft model computes each prompt chunk beside the target
+            self.proposer.follow(out.scheduled)
         return outputs
 
     def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:

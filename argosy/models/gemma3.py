@@ -91,14 +91,12 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 
 class GeGLU(MLP):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if self.invariant_ops:  # one pass, rounded once, the same bits on every path and graph
-            shape = gate_up.shape
-            out = torch.ops.argosy_iq.geglu(gate_up.reshape(-1, shape[-1]).contiguous())
-            return self.down_proj(out.view(*shape[:-1], self.intermediate))
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(gelu_tanh(gate) * up)
+    def activation(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh(gate) * up
+
+    def invariant_activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.argosy_iq.geglu(gate_up)
+        return out
 
 
 class GemmaDecoderLayer(nn.Module):

@@ -184,10 +184,18 @@ class MLP(nn.Module):
         gate_up = self.gate_up_proj(x)
         if self.invariant_ops:  # one pass, rounded once, the same bits on every path and graph
             shape = gate_up.shape
-            out = torch.ops.argosy_iq.swiglu(gate_up.reshape(-1, shape[-1]).contiguous())
+            out = self.invariant_activation(gate_up.reshape(-1, shape[-1]).contiguous())
             return self.down_proj(out.view(*shape[:-1], self.intermediate))
         gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.activation(gate, up))
+
+    def activation(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate) * up
+
+    def invariant_activation(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The activation's native op: [rows, 2I] -> [rows, I]."""
+        out: torch.Tensor = torch.ops.argosy_iq.swiglu(gate_up)
+        return out
 
 
 class DecoderLayer(nn.Module):

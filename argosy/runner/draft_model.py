@@ -35,6 +35,7 @@ from argosy.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from argosy.config import EngineConfig
     from argosy.engine.llm_engine import LLMEngine
+    from argosy.engine.scheduler import ScheduledRequest
     from argosy.models.source import ModelSource
 
 log = logging.getLogger("argosy.engine")
@@ -57,16 +58,16 @@ def vocabulary_difference(draft: ModelSource, target: ModelSource) -> str | None
     return None
 
 
-def limit_logits(model: nn.Module, rows: int) -> bool:
+def limit_logits(model: nn.Module, rows: int) -> None:
     """The model's logits for its first `rows` tokens only (rounded up to the kernels' tile of
     16): its output head cut to those rows, on views of its buffers (a tied embedding keeps the
-    whole table). False where the head is of a form not cut (it stays whole)."""
+    whole table); a head of another form stays whole."""
     head = getattr(model, "lm_head", None)
     rows = -(-rows // 16) * 16
     if isinstance(head, Int8Linear) and head.invariant:
         if rows < head.out_features:
             model.lm_head = head.first_outputs(rows)
-        return True
+        return
     if type(head) is nn.Linear:
         if rows < head.out_features:
             part = nn.Linear(head.in_features, rows, bias=head.bias is not None, device="meta")
@@ -74,9 +75,8 @@ def limit_logits(model: nn.Module, rows: int) -> bool:
             if head.bias is not None:
                 part.bias = nn.Parameter(head.bias[:rows], requires_grad=False)
             model.lm_head = part
-        return True
+        return
     log.info("draft model: its output head (%s) is not cut; it scores every token", type(head).__name__)
-    return False
 
 
 class DraftModelProposer:
@@ -127,16 +127,19 @@ class DraftModelProposer:
             draft.output_token_ids.append(token)
         return proposal
 
-    def follow(self, seq: Sequence) -> None:
-        """The target computed a chunk of `seq`'s prompt: the draft computes it too, in the same
-        step (as vLLM's and SGLang's drafts prefill beside their target), so its prefill is part
-        of the time to the first token, not a stall after it."""
-        room = draft_room(seq, self.k, self.max_model_len)
-        if room <= 0 or seq.pooling is not None or not can_speculate(seq) or seq.num_computed_tokens < 1:
-            return
-        draft = self._align(seq, seq.all_token_ids()[: seq.num_computed_tokens])
-        if draft.num_computed_tokens < draft.num_tokens:
-            self._step(draft)
+    def follow(self, scheduled: list[ScheduledRequest]) -> None:
+        """The target computed these requests' tokens: each chunk of a prompt the draft computes
+        too, in the same step (as vLLM's and SGLang's drafts prefill beside their target), so its
+        prefill is part of the time to the first token, not a stall after it."""
+        for req in scheduled:
+            seq = req.seq
+            if req.num_new_tokens < 2 or req.num_spec_tokens or seq.is_finished or seq.pooling is not None:
+                continue
+            if draft_room(seq, self.k, self.max_model_len) <= 0 or not can_speculate(seq):
+                continue
+            draft = self._align(seq, seq.all_token_ids()[: seq.num_computed_tokens])
+            if draft.num_computed_tokens < draft.num_tokens:
+                self._step(draft)
 
     def _align(self, seq: Sequence, tokens: list[int]) -> Sequence:
         """The draft's copy of `seq` holding `tokens`, its KV kept over their longest prefix it
@@ -202,8 +205,8 @@ class ChainProposer:
     def stop_compiling(self, timeout: float = 0.0) -> None:
         self.model.stop_compiling(timeout)
 
-    def follow(self, seq: Sequence) -> None:
-        self.model.follow(seq)
+    def follow(self, scheduled: list[ScheduledRequest]) -> None:
+        self.model.follow(scheduled)
 
     def release(self, request_id: str) -> None:
         self.model.release(request_id)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -41,6 +42,9 @@ import torch
 from argosy.engine.outputs import TokenLogprob
 from argosy.engine.sequence import Sequence
 from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
+
+if TYPE_CHECKING:
+    from argosy.engine.scheduler import ScheduledRequest
 
 
 def can_speculate(seq: Sequence) -> bool:
@@ -88,7 +92,21 @@ class _TokenBuffer:
         return self.array[:n]
 
 
-class NgramProposer:
+class StatelessProposer:
+    """The engine's hooks for a proposer with state of its own (a draft model: draft_model.py),
+    which one without any leaves alone: after each step, when a request leaves, at close."""
+
+    def follow(self, scheduled: list[ScheduledRequest]) -> None:
+        """The step computed these requests' tokens."""
+
+    def release(self, request_id: str) -> None:
+        """The request left the engine."""
+
+    def stop_compiling(self, timeout: float = 0.0) -> None:
+        """The engine is closing."""
+
+
+class NgramProposer(StatelessProposer):
     """Prompt lookup: find the most recent earlier occurrence of the sequence's last n tokens
     (n from ngram_max down to ngram_min) in prompt + output, and draft the tokens that followed
     it. numpy over a per-sequence token buffer: one vectorised compare per n-gram token."""

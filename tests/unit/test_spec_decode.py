@@ -26,7 +26,7 @@ from argosy.engine.sequence import Sequence
 from argosy.errors import InvalidRequestError
 from argosy.runner.kv_cache import kv_bytes_per_block
 from argosy.runner.sampler import Sampler, SamplingRow
-from argosy.runner.spec_decode import NgramProposer, find_draft, verify_batch, walk_draft
+from argosy.runner.spec_decode import NgramProposer, StatelessProposer, find_draft, verify_batch, walk_draft
 from argosy.sampling_params import RequestSampling, SamplingParams
 from tests.unit.conftest import FakeGuide, TinyModel
 from tests.unit.test_engine import Result, assert_all_blocks_free, collect, greedy, prompt, run, run_one
@@ -43,7 +43,7 @@ def draft_prone_prompt(tiny: TinyModel, seed: int, length: int = 12) -> list[int
 SPEC: dict[str, object] = dict(speculative="ngram", ngram_min=1, ngram_max=3, spec_max_decodes=64)
 
 
-class OracleProposer:
+class OracleProposer(StatelessProposer):
     """Drafts the known reference continuation, with every `corrupt_every`-th draft token
     replaced by a wrong one: exercises long accepted runs and rejections at known places."""
 
