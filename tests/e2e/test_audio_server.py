@@ -456,13 +456,16 @@ def test_realtime_partials_then_a_final_transcript(server: object, spoken: list[
         for start in range(0, len(pcm), step):
             ws.send(pcm[start : start + step].astype("<i2").tobytes())
             time.sleep(0.25)
+        # The first partial was asked for at the first second; on a slow machine it can still
+        # be running now, and a commit drops a partial in flight, so wait for it first.
+        while not any(e["type"] == "transcript.partial" for e in events):
+            events.append(json.loads(ws.recv(timeout=120)))
         ws.send(json.dumps({"type": "not.a.thing"}))
         ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
         while not events or events[-1]["type"] != "transcript.final":
             events.append(json.loads(ws.recv(timeout=120)))
     kinds = [e["type"] for e in events]
-    assert "error" in kinds and kinds.count("transcript.final") == 1
-    assert any(k == "transcript.partial" for k in kinds), kinds
+    assert "error" in kinds and kinds.count("transcript.final") == 1, kinds
     final = events[-1]
     assert final["item"] == 0 and abs(final["audio_seconds"] - len(pcm) / rate) < 0.05
     assert wer([SENTENCES[2]], [final["text"]]) <= 0.2, final
