@@ -26,7 +26,7 @@ from torch import nn
 
 from argosy.errors import ModelLoadError
 from argosy.models.decoder_config import DecoderConfig
-from argosy.models.llama import MLP, Attention, DecoderForCausalLM, RMSNorm, token_rows
+from argosy.models.llama import MLP, Attention, DecoderForCausalLM, RMSNorm
 from argosy.ops.attention import AttentionBackend, AttentionMetadata, CpuPagedAttention
 
 
@@ -37,16 +37,11 @@ class GemmaRMSNorm(RMSNorm):
         super().__init__(size, eps)
         nn.init.zeros_(self.weight)
 
+    offset = 1.0
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.float64_mean and x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            # the invariant mode: one native pass, its float64 sum in one fixed order (iq_norm.cpp),
-            # each token's values read in place (q or k of the fused projection: no copy)
-            if x.dim() in (2, 3):
-                out: torch.Tensor = torch.ops.argosy_iq.rms_norm(token_rows(x), self.weight, self.eps, 1.0)
-                return out
-            shape = x.shape
-            flat = x.reshape(-1, shape[-1]).contiguous()
-            return torch.ops.argosy_iq.rms_norm(flat, self.weight, self.eps, 1.0).view(shape)
+        if (out := self.native(x)) is not None:
+            return out
         h = x.float()
         mean = (
             h.double().pow(2).mean(-1, keepdim=True).float()
