@@ -113,6 +113,11 @@ class DraftModelProposer:
         """The target engine is closing: so is the draft's background compile."""
         self.engine.stop_compiling(timeout)
 
+    def compiling(self) -> bool:
+        """The draft engine's decode graphs are being built (in the background, beside the
+        target's): its steps run eagerly until they are."""
+        return self.engine.compile_status == "compiling"
+
     def propose(self, seq: Sequence, limit: int) -> list[int]:
         limit = min(limit, draft_room(seq, self.k, self.max_model_len))
         if limit <= 0 or not can_speculate(seq):
@@ -204,6 +209,9 @@ class ChainProposer:
 
     def stop_compiling(self, timeout: float = 0.0) -> None:
         self.model.stop_compiling(timeout)
+
+    def compiling(self) -> bool:
+        return self.model.compiling()
 
     def follow(self, scheduled: list[ScheduledRequest]) -> None:
         self.model.follow(scheduled)

@@ -105,6 +105,10 @@ class StatelessProposer:
     def stop_compiling(self, timeout: float = 0.0) -> None:
         """The engine is closing."""
 
+    def compiling(self) -> bool:
+        """Whether graphs of the proposer's own are being compiled now."""
+        return False
+
 
 class NgramProposer(StatelessProposer):
     """Prompt lookup: find the most recent earlier occurrence of the sequence's last n tokens

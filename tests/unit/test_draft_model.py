@@ -161,3 +161,20 @@ def test_the_draft_computes_each_prompt_chunk_beside_the_target(
     engine.add_request("short", prompt(20, 9), greedy(2))  # one token after the first: no draft
     collect(results, engine.step())
     assert "short" not in proposer.states
+
+
+def test_the_engine_reports_compiling_until_the_drafts_graphs_are_built_too(
+    tiny_qwen2: TinyModel, tiny_llama: TinyModel
+) -> None:
+    engine, proposer = with_draft(tiny_qwen2, tiny_llama)
+    engine.compile_status = "ready"
+    proposer.engine.compile_status = "compiling"  # the draft's background compile, still going
+    assert engine.stats().compile_status == "compiling"
+    chained, _ = with_draft(tiny_qwen2, tiny_llama)
+    chained.compile_status = "ready"
+    chained.proposer = ChainProposer(NgramProposer(3, 1, 3, chained.max_model_len), proposer)
+    assert chained.stats().compile_status == "compiling"
+    proposer.engine.compile_status = "ready"
+    assert engine.stats().compile_status == "ready" and chained.stats().compile_status == "ready"
+    engine.compile_status = "failed"  # the target's own state otherwise
+    assert engine.stats().compile_status == "failed"
