@@ -1,5 +1,6 @@
-// Invariant RMSNorm: the same bits for a row whatever else is in the call, on every path, in the
-// eager step and the compiled one alike. Built with iq_linear.cpp into torch.ops.argosy_iq.
+// Invariant RMSNorm: the same bits for a row whatever else is in the call, on every path; the
+// invariant mode's eager step (RMSNorm.native in argosy/models/llama.py). Built with iq_linear.cpp
+// into torch.ops.argosy_iq.
 //
 // argosy_iq::rms_norm(x [T, D] or [T, H, D] fp32, weight [D] fp32, eps, offset) -> x's shape, fp32,
 // contiguous; x's rows of D values contiguous, its tokens any stride apart (q or k of a fused
@@ -9,9 +10,10 @@
 //       ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7))
 //   r = 1 / sqrt(float(s / D) + eps)       (fp32: sqrt and the division each rounded once)
 //   out_i = (x_i * r) * (offset + w_i)     (Gemma: offset 1, its (1 + w); Llama: 0)
-// As the Python statement (argosy/models/llama.py, float64_mean), whose float64 sum's order
-// aten and inductor chose differently; here it is one order, so no caveat, and one pass instead
-// of a chain of eager ops (float64 copies of every row) in the eager prefill.
+// As the Python statement (argosy/models/llama.py, float64_mean), which the compiled decode graph
+// keeps (inductor fuses it with the residual add) and whose float64 sum inductor orders its own
+// way: the float32 result differs about once in 10^8 norms. Here it is one order, in one pass
+// instead of a chain of eager ops (float64 copies of every row) in the eager prefill.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
