@@ -4,7 +4,7 @@ and the result is the quantized product it claims to be."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -356,6 +356,17 @@ def test_fused_parts_of_different_formats_keep_every_value() -> None:
         invariant_q8_layout(b.codes, b.scales)
 
 
+def every_path_gives_its_bits_together_and_alone(
+    paths: list[str], op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, reference: torch.Tensor
+) -> None:
+    """A row-wise op: on every path, x's rows in one call and one at a time give reference's bits."""
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        assert torch.equal(bits(op(x)), bits(reference)), path
+        alone = torch.cat([op(x[i : i + 1]) for i in range(x.shape[0])])
+        assert torch.equal(bits(alone), bits(reference)), path
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_geglu_gives_the_scalar_bits_on_every_path_and_gelu_tanh_times_up(
     paths: list[str], dtype: torch.dtype
@@ -377,11 +388,7 @@ def test_geglu_gives_the_scalar_bits_on_every_path_and_gelu_tanh_times_up(
     # 1 times |g u| / 2: aten's gelu is as far there)
     tolerance = (2**-8 if dtype == torch.bfloat16 else 1e-6) * exact.abs() + 1e-7 * (g * u).abs()
     assert bool(((reference.double() - exact).abs() <= tolerance).all())
-    for path in paths:
-        torch.ops.argosy_iq.set_path(path)
-        assert torch.equal(bits(torch.ops.argosy_iq.geglu(gate_up)), bits(reference)), path
-        alone = torch.cat([torch.ops.argosy_iq.geglu(gate_up[i : i + 1]) for i in range(rows)])
-        assert torch.equal(bits(alone), bits(reference)), path
+    every_path_gives_its_bits_together_and_alone(paths, torch.ops.argosy_iq.geglu, gate_up, reference)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -408,11 +415,7 @@ def test_swiglu_gives_the_scalar_bits_on_every_path_and_silu_times_up(
     aten = (torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]).float()  # rounds twice
     tolerance = (2**-6 if dtype == torch.bfloat16 else 1e-6) * aten.abs() + 1e-32
     assert bool(((reference.float() - aten).abs() <= tolerance).all())
-    for path in paths:
-        torch.ops.argosy_iq.set_path(path)
-        assert torch.equal(bits(torch.ops.argosy_iq.swiglu(gate_up)), bits(reference)), path
-        alone = torch.cat([torch.ops.argosy_iq.swiglu(gate_up[i : i + 1]) for i in range(rows)])
-        assert torch.equal(bits(alone), bits(reference)), path
+    every_path_gives_its_bits_together_and_alone(paths, torch.ops.argosy_iq.swiglu, gate_up, reference)
 
 
 @pytest.mark.parametrize(("dim", "offset"), [(640, 1.0), (256, 1.0), (576, 0.0), (45, 1.0)])
