@@ -127,7 +127,7 @@ def load_native_ops() -> bool:
 def load_invariant_ops() -> bool:
     """Build (or reuse) and load the invariant kernels (csrc/iq_linear.cpp, iq_packed.cpp,
     iq_attention.cpp,
-    iq_geglu.cpp, iq_norm.cpp, iq_rope.cpp, iq_lora.cpp) as their own library, torch.ops.argosy_iq: built
+    iq_geglu.cpp, iq_norm.cpp, iq_rope.cpp, iq_lora.cpp, iq_argmax.cpp) as their own library, torch.ops.argosy_iq: built
     without -ffast-math and with -ffp-contract=off, so the compiler cannot reorder or fuse their
     float arithmetic, and without -march=native
     (each path carries its own target attribute and is chosen at run time by CPU features).
@@ -148,6 +148,7 @@ def load_invariant_ops() -> bool:
             "iq_norm.cpp",
             "iq_rope.cpp",
             "iq_lora.cpp",
+            "iq_argmax.cpp",
         )
     ]
     error = _build(
@@ -192,6 +193,10 @@ def _register_invariant_fakes() -> None:
     @torch.library.register_fake("argosy_iq::rms_norm")
     def _(x, weight, eps, offset):  # type: ignore[no-untyped-def]
         return x.new_empty(x.shape)
+
+    @torch.library.register_fake("argosy_iq::greedy")
+    def _(logits):  # type: ignore[no-untyped-def]
+        return logits.new_empty(logits.shape[0], 2, dtype=torch.long)
 
     @torch.library.register_fake("argosy_iq::geglu")
     def _(gate_up):  # type: ignore[no-untyped-def]

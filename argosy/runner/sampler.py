@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from argosy.engine.outputs import TokenLogprob
+from argosy.ops.native import invariant_ops_ready
 from argosy.runner.structured import TokenGuide, bitmask_words, unpack_bitmask
 from argosy.sampling_params import SamplingParams
 
@@ -38,6 +39,24 @@ def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     return t.index_select(0, torch.tensor(rows, dtype=torch.long, device=t.device))
 
 
+def first_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax over its last dimension (the first of its largest values), as
+    torch.argmax(dim=-1) gives it. On the CPU the native one-pass op (argosy_iq::greedy):
+    torch.argmax read a row of Qwen2.5's 151,936 logits in ~0.2 ms, 1.3 ms of an 8-row decode
+    step; a row with a NaN or +inf (which the engine fails before sampling) falls back to torch."""
+    if (
+        logits.device.type == "cpu"
+        and logits.dtype == torch.float32
+        and logits.dim() == 2
+        and logits.stride(-1) == 1
+        and invariant_ops_ready()
+    ):
+        picked = torch.ops.argosy_iq.greedy(logits)
+        if not bool(picked[:, 1].any()):
+            return picked[:, 0]
+    return logits.argmax(dim=-1)
+
+
 class Sampler:
     def __init__(self, vocab_size: int, generator: torch.Generator) -> None:
         self.vocab_size = vocab_size
@@ -54,7 +73,7 @@ class Sampler:
         tokens = torch.empty(len(rows), dtype=torch.long)
         greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
         if greedy:
-            tokens[greedy] = take_rows(logits, greedy).argmax(dim=-1)
+            tokens[greedy] = first_argmax(take_rows(logits, greedy))
         fast = [
             i for i, r in enumerate(rows) if not r.params.is_greedy and 0 < r.params.top_k <= TOPK_FAST_LIMIT
         ]

@@ -41,7 +41,7 @@ import torch
 
 from argosy.engine.outputs import TokenLogprob
 from argosy.engine.sequence import Sequence
-from argosy.runner.sampler import Sampler, SamplingRow, make_logprob
+from argosy.runner.sampler import Sampler, SamplingRow, first_argmax, make_logprob
 
 if TYPE_CHECKING:
     from argosy.engine.scheduler import ScheduledRequest
@@ -185,7 +185,7 @@ def verify_batch(
     start = 0
     for seq, draft in requests:
         if seq.params.is_greedy:
-            targets: list[int] = logits[start : start + len(draft) + 1].argmax(dim=-1).tolist()
+            targets: list[int] = first_argmax(logits[start : start + len(draft) + 1]).tolist()
             token_ids, num_accepted = walk_draft(targets.__getitem__, draft)
         else:
             block, block_rows = logits[start:], rows[start:]

@@ -714,3 +714,25 @@ def test_attention_reads_every_fp16_value_exactly(paths: list[str]) -> None:
         got = attend(case).view(len(rows), 8, 64)
         assert torch.equal(got, v.float().repeat_interleave(2, dim=1)), path
     assert_every_path_gives_the_reference_bits(paths, case)
+
+
+def test_greedy_is_torch_argmax_and_flags_nan_and_inf_rows_on_every_path(paths: list[str]) -> None:
+    v = 151936 + 3  # Qwen2.5's vocabulary and a tail shorter than a vector
+    x = torch.randn(9, v + 4, generator=torch.Generator().manual_seed(5))[:, :v]  # rows strided
+    x[1] = x[1].round()  # ties: the first of them wins
+    x[2] = float("-inf")  # a fully masked row: index 0, as torch
+    x[3, ::2] = float("-inf")
+    x[4, 100] = x[4].max() + 1
+    x[4, v - 1] = x[4, 100]  # its tie in the tail comes second
+    x[5, 7] = float("nan")
+    x[6, v - 2] = float("inf")
+    x[7, v - 1] = float("nan")
+    bad = [0, 0, 0, 0, 0, 1, 1, 1, 0]
+    ok = [i for i, b in enumerate(bad) if not b]
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        got = torch.ops.argosy_iq.greedy(x)
+        assert got[:, 1].tolist() == bad, path
+        assert torch.equal(got[ok, 0], x[ok].argmax(dim=-1)), path
+        assert got[4, 0].item() == 100 and got[2, 0].item() == 0
+        assert got[5:8, 0].tolist() == [0, 0, 0], path

@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from argosy.runner.sampler import TOPK_FAST_LIMIT, Sampler, SamplingRow
+from argosy.ops.native import load_invariant_ops
+from argosy.runner.sampler import TOPK_FAST_LIMIT, Sampler, SamplingRow, first_argmax
 from argosy.runner.structured import bitmask_words
 from argosy.sampling_params import SamplingParams
 from tests.unit.conftest import FakeGuide
@@ -369,3 +370,14 @@ def test_unseeded_rows_draw_from_the_shared_generator() -> None:
     s = sampler(100, seed=1)
     draws = {s(logits.clone(), [row(params())])[0][0] for _ in range(20)}
     assert len(draws) > 10  # the shared generator advances between steps
+
+
+def test_first_argmax_is_torch_argmax_whatever_the_row_holds() -> None:
+    load_invariant_ops()  # the native pick where it builds; torch's otherwise
+    g = torch.Generator().manual_seed(3)
+    for n, v in [(1, 17), (3, 49152), (8, 151936), (2, 5)]:
+        x = torch.randn(n, v, generator=g).round()  # ties
+        x[0, : v // 2] = float("-inf")
+        assert torch.equal(first_argmax(x), x.argmax(dim=-1))
+        x[-1, v - 1] = float("nan")  # a NaN row: torch's answer (its index), not the op's 0
+        assert torch.equal(first_argmax(x), x.argmax(dim=-1))
