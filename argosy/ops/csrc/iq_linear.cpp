@@ -425,6 +425,7 @@ ARGOSY_AVX512 void q4_avx512_block(const int8_t* xq, const int8_t* xlo, int64_t 
         dot_lo[r][t] = start;
       }
     }
+#pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       __m512i xl[R], xh[R];
       for (int r = 0; r < R; ++r) {
@@ -492,6 +493,7 @@ ARGOSY_AVX512 void q8_avx512_block(const int8_t* xq, const int8_t* xlo, int64_t 
           dot_lo[r][t] = s0;
         }
       }
+#pragma GCC unroll 8
       for (int64_t j = 8 * g + (8 / H) * hg; j < 8 * g + (8 / H) * (hg + 1); ++j) {
         __m512i xs[R];
         for (int r = 0; r < R; ++r) xs[r] = broadcast4_512(xq + r * k + 4 * j);

@@ -393,6 +393,7 @@ ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, const int8_t* xlo, int64
           dot_lo[r][t] = s0;
         }
       }
+#pragma GCC unroll 8
       for (int jj = 0; jj < 8 / H; ++jj) {
         const int e = (8 / H) * hg + jj;
         __m512i xs[R];
