@@ -736,3 +736,14 @@ def test_greedy_is_torch_argmax_and_flags_nan_and_inf_rows_on_every_path(paths: 
         assert torch.equal(got[ok, 0], x[ok].argmax(dim=-1)), path
         assert got[4, 0].item() == 100 and got[2, 0].item() == 0
         assert got[5:8, 0].tolist() == [0, 0, 0], path
+
+
+@pytest.mark.parametrize("op_name", ["geglu", "swiglu"])
+def test_a_prefill_sized_gated_output_streamed_keeps_the_bits(paths: list[str], op_name: str) -> None:
+    """From 2^20 output values (a prefill's) the vector path writes with non-temporal stores:
+    the same bits as the scalar path, and as each row alone (ordinary stores)."""
+    gate_up = torch.randn(64, 2 * 16384, generator=torch.Generator().manual_seed(23)) * 4
+    op = getattr(torch.ops.argosy_iq, op_name)
+    torch.ops.argosy_iq.set_path("scalar")
+    reference = op(gate_up)
+    every_path_gives_its_bits_together_and_alone(paths, op, gate_up, reference)

@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "iq_common.h"
 #include "iq_exp.h"
@@ -136,8 +137,11 @@ ARGOSY_GEGLU256 inline __m256 load8(const uint16_t* p) {
 
 // one row's values [i0, i1): the vector paths take 16 or 8 at a time, the rest one at a time
 template <typename Act, typename T>
-ARGOSY_GEGLU512 void row512(const T* g, const T* u, T* out, int64_t n) {
+ARGOSY_GEGLU512 void row512(const T* g, const T* u, T* out, int64_t n, bool stream) {
   int64_t i = 0;
+  if constexpr (std::is_same_v<T, float>)
+    if (stream)  // out + i at 64-byte boundaries (see run)
+      for (; i + 16 <= n; i += 16) _mm512_stream_ps(out + i, Act::sixteen(load16(g + i), load16(u + i)));
   for (; i + 16 <= n; i += 16) store16(out + i, Act::sixteen(load16(g + i), load16(u + i)));
   for (; i < n; ++i) store1(out + i, Act::one(load1(g + i), load1(u + i)));
 }
@@ -162,18 +166,24 @@ template <typename Act, typename T>
 void run(const T* in, T* out, int64_t rows, int64_t inter, int64_t path) {
   const int64_t chunk = 1024;  // values a task: rows are cut into chunks, each value on its own
   const int64_t per_row = (inter + chunk - 1) / chunk;
+  // a prefill's output (tens of MB) by non-temporal stores, which skip reading each line before
+  // filling it; a decode step's (small, read next from cache) by ordinary ones. The 1.5B's
+  // 1,000-token prefill: 5.0 -> 3.9 ms a layer
+  const bool stream = std::is_same_v<T, float> && path >= kAvx512 && rows * inter >= (int64_t{1} << 20) &&
+                      reinterpret_cast<uintptr_t>(out) % 64 == 0 && inter % 16 == 0;
   at::parallel_for(0, rows * per_row, 16, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / per_row, i0 = (task % per_row) * chunk, n = std::min(chunk, inter - i0);
       const T* g = in + r * 2 * inter + i0;
       T* o = out + r * inter + i0;
       if (path >= kAvx512)
-        row512<Act>(g, g + inter, o, n);
+        row512<Act>(g, g + inter, o, n, stream);
       else if (path == kAvx2)
         row256<Act>(g, g + inter, o, n);
       else
         row_scalar<Act>(g, g + inter, o, n);
     }
+    if (stream) _mm_sfence();  // the streamed stores done before the threads join
   });
 }
 
