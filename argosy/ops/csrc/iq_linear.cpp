@@ -617,16 +617,7 @@ ARGOSY_AMX void q4_amx(const QuantizedRows& xr, const int8_t* xp, const int8_t* 
           acc[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(ux[r * groups]), acc[r]);
         }
       }
-      if (out.streamable()) {  // fp32 rows of 16 values at 64-byte boundaries (iq_rows.h)
-#pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r)
-          if (r < nr) _mm512_stream_ps(out.f + (r0 + r) * out.ld + t * kTile, acc[r]);
-      } else {
-#pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r)
-          if (r < nr) _mm512_store_ps(res + 16 * r, acc[r]);
-        for (int64_t r = 0; r < nr; ++r) out.put(r0 + r, t * kTile, res + 16 * r, kTile);
-      }
+      put_tile_rows(out, r0, nr, t * kTile, acc, res);
     }
   }
   _mm_sfence();  // the streamed stores are weakly ordered: done before the threads join
@@ -840,16 +831,7 @@ ARGOSY_AMX void q8_amx(const QuantizedRows& xr, const int8_t* xp, const int8_t* 
           }
         }
       }
-      if (out.streamable()) {  // fp32 rows of 16 values at 64-byte boundaries (iq_rows.h)
-#pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r)
-          if (r < nr) _mm512_stream_ps(out.f + (r0 + r) * out.ld + t * kTile, acc[r]);
-      } else {
-#pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r)
-          if (r < nr) _mm512_store_ps(res + 16 * r, acc[r]);
-        for (int64_t r = 0; r < nr; ++r) out.put(r0 + r, t * kTile, res + 16 * r, kTile);
-      }
+      put_tile_rows(out, r0, nr, t * kTile, acc, res);
     }
   }
   _mm_sfence();  // the streamed stores are weakly ordered: done before the threads join

@@ -575,15 +575,7 @@ ARGOSY_AMX void kq_amx(const int8_t* xp, const int8_t* xlp, const float* dxt, co
         ARGOSY_MEMORY_BARRIER();
         if (i + 1 < steps) kq_amx_issue<2, H, Fine>(xp, xlp, b, r0 * k, k, i + 1, dots, dots_lo);
       }
-      if (out.streamable()) {  // fp32 rows of 16 values at 64-byte boundaries
-#pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r)
-          if (r < nr) _mm512_stream_ps(out.f + (r0 + r) * out.ld + t * kTile, acc[r]);
-      } else {
-#pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r) _mm512_store_ps(res + 16 * r, acc[r]);
-        for (int64_t r = 0; r < nr; ++r) out.put(r0 + r, t * kTile, res + 16 * r, kTile);
-      }
+      put_tile_rows(out, r0, nr, t * kTile, acc, res);
     }
   }
   _mm_sfence();  // the streamed stores are weakly ordered: done before the threads join

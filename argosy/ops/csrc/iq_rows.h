@@ -250,6 +250,23 @@ struct LinearCall {
 #define ARGOSY_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define ARGOSY_MEMORY_BARRIER() asm volatile("" : : : "memory")
 
+// an AMX kernel's 16-row block of one tile (16 outputs at column `col`), nr of its rows real: by
+// non-temporal stores where the output allows (the kernel then calls _mm_sfence before its
+// threads join), else through res and Output::put
+ARGOSY_AMX inline void put_tile_rows(const Output& out, int64_t r0, int64_t nr, int64_t col, const __m512* acc,
+                                     float* res) {
+  if (out.streamable()) {
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r)
+      if (r < nr) _mm512_stream_ps(out.f + (r0 + r) * out.ld + col, acc[r]);
+    return;
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r)
+    if (r < nr) _mm512_store_ps(res + 16 * r, acc[r]);
+  for (int64_t r = 0; r < nr; ++r) out.put(r0 + r, col, res + 16 * r, kTile);
+}
+
 struct alignas(64) AmxConfig {
   uint8_t palette = 1;
   uint8_t start_row = 0;
