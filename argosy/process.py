@@ -8,6 +8,8 @@ import ctypes.util
 import logging
 import os
 import sys
+from collections.abc import Callable
+from typing import cast
 
 import torch
 
@@ -43,6 +45,18 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 
 
+def _glibc_mallopt() -> Callable[[int, int], int] | None:
+    """glibc's mallopt(param, value) -> 1 when taken; None off Linux or without it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return cast(Callable[[int, int], int], mallopt)
+
+
 def one_malloc_arena() -> bool:
     """Every thread allocates from glibc's main heap (mallopt M_ARENA_MAX = 1), unless the user
     set MALLOC_ARENA_MAX. By default each thread that allocates while another holds the heap
@@ -51,14 +65,9 @@ def one_malloc_arena() -> bool:
     activations' freed memory. Gemma 3 under bench/compare.py --model gemma3: peak RSS while
     serving 1,200 -> 1,101 MiB, the same speed. Called before the server's threads start
     (arenas already made stay). False where the C library is not glibc."""
-    if os.environ.get("MALLOC_ARENA_MAX") or not sys.platform.startswith("linux"):
+    mallopt = _glibc_mallopt()
+    if os.environ.get("MALLOC_ARENA_MAX") or mallopt is None:
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     done = mallopt(_M_ARENA_MAX, 1) == 1
     if not done:
         logging.getLogger(__name__).debug("mallopt(M_ARENA_MAX, 1) refused")
@@ -75,14 +84,7 @@ def malloc_keeps_freed_memory() -> bool:
     engine. Kept in the heap: 60,000-81,000, and the server's prefill under bench/compare.py
     219-234 -> 269 tok/s, peak RSS while serving 2,094-2,131 -> 2,152 MiB. False where the C
     library is not glibc."""
-    if os.environ.get("MALLOC_MMAP_MAX_") or os.environ.get("MALLOC_TRIM_THRESHOLD_"):
+    mallopt = _glibc_mallopt()
+    if os.environ.get("MALLOC_MMAP_MAX_") or os.environ.get("MALLOC_TRIM_THRESHOLD_") or mallopt is None:
         return False
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
