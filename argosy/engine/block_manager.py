@@ -8,6 +8,13 @@ block is evicted first; a finished sequence's blocks are queued tail-first, so i
 blocks go before its shared root.
 
 A full block's key is hash(parent key, its token ids): equal keys mean equal whole prefixes.
+
+Past the last whole block a prompt shares, reuse goes on token by token: a cached block under the
+same parent whose leading tokens equal the prompt's next ones lends those tokens' K/V, copied into
+the prompt's own fresh block (`find_partial`; the runner copies before the step). Their K/V are
+the same bits as a recompute would give (same tokens, same positions, the same prefix before them:
+the kernels' rows never depend on their batch). A shared system prompt rarely ends on a block
+boundary: with 16-token blocks a request re-ran up to 15 of its tokens.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from itertools import islice
 
 from argosy.engine.sequence import Sequence
 
@@ -28,6 +36,11 @@ def block_key(parent: bytes | None, token_ids: list[int], images: bytes = b"") -
     return digest.digest()
 
 
+# the most recently cached blocks under one parent that find_partial compares (a bound on its
+# work when many prompts branch at one point)
+_MAX_PARTIAL_CANDIDATES = 64
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         self.num_blocks = num_blocks
@@ -36,6 +49,11 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks
         self.keys: list[bytes | None] = [None] * num_blocks
         self.cached: dict[bytes, int] = {}  # key -> block id
+        # a cached block's token ids and its parent's key, and per parent key its cached
+        # children: where find_partial looks (blocks holding an image's tokens are left out)
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.parents: list[bytes] = [b""] * num_blocks
+        self.children: dict[bytes, dict[int, None]] = {}
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.num_prefix_queries = 0  # prompt tokens looked up
         self.num_prefix_hits = 0  # prompt tokens found
@@ -72,6 +90,32 @@ class BlockManager:
                 break
             hits.append(block_id)
         return hits
+
+    def find_partial(self, seq: Sequence, num_cached_blocks: int) -> tuple[int, int] | None:
+        """(block id, n): a cached block whose first n tokens equal the ones of `seq` that follow
+        its `num_cached_blocks` cached whole blocks, the longest such n (>= 1; the last token of
+        `seq` never counted); None if none."""
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None or seq.images:
+            return None
+        self.update_keys(seq)
+        bs = self.block_size
+        start = num_cached_blocks * bs
+        limit = min(bs, seq.num_tokens - 1 - start)
+        parent = seq.block_hashes[num_cached_blocks - 1] if num_cached_blocks else seq.cache_salt
+        candidates = self.children.get(parent or b"")
+        if limit < 1 or not candidates:
+            return None
+        want = [seq.token_at(start + j) for j in range(limit)]
+        best_block, best = -1, 0
+        for block_id in islice(reversed(candidates), _MAX_PARTIAL_CANDIDATES):
+            tokens = self.block_tokens[block_id]
+            assert tokens is not None
+            n = 0
+            while n < limit and tokens[n] == want[n]:
+                n += 1
+            if n > best:
+                best_block, best = block_id, n
+        return (best_block, best) if best else None
 
     def probe_cached_prefix(self, token_ids: list[int]) -> int:
         """How many leading tokens of `token_ids` are in cached blocks now (whole blocks,
@@ -117,6 +161,18 @@ class BlockManager:
         seq.num_computed_tokens = len(cached_blocks) * self.block_size
         self.append_slots(seq, num_new_tokens)
 
+    def take_partial(self, seq: Sequence, partial: tuple[int, int]) -> tuple[int, int, int]:
+        """After `allocate` (its `num_new_tokens` counting the partial's tokens): the partial
+        block's first n tokens count as computed; returns the copy the runner makes before the
+        step, (source block, the sequence's block, n)."""
+        source, n = partial
+        index = seq.num_computed_tokens // self.block_size
+        assert seq.num_computed_tokens % self.block_size == 0 and index < len(seq.block_table)
+        seq.num_computed_tokens += n
+        if seq.params.prompt_logprobs is None and seq.is_first_admission:
+            self.num_prefix_hits += n
+        return source, seq.block_table[index], n
+
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
         for _ in range(self._num_needed(seq, num_new_tokens, 0)):
             seq.block_table.append(self._pop_free())
@@ -143,12 +199,30 @@ class BlockManager:
                 continue
             self.keys[block_id] = key
             self.cached[key] = block_id
+            start = i * self.block_size
+            if not any(im.start < start + self.block_size and im.stop > start for im in seq.images):
+                parent = (seq.block_hashes[i - 1] if i else seq.cache_salt) or b""
+                self.block_tokens[block_id] = tuple(
+                    seq.token_at(j) for j in range(start, start + self.block_size)
+                )
+                self.parents[block_id] = parent
+                self.children.setdefault(parent, {})[block_id] = None
 
     def reset_prefix_cache(self) -> None:
         for key, block_id in list(self.cached.items()):
             if self.ref_counts[block_id] == 0:
                 self.keys[block_id] = None
                 del self.cached[key]
+                self._forget_tokens(block_id)
+
+    def _forget_tokens(self, block_id: int) -> None:
+        if self.block_tokens[block_id] is None:
+            return
+        self.block_tokens[block_id] = None
+        siblings = self.children[self.parents[block_id]]
+        del siblings[block_id]
+        if not siblings:
+            del self.children[self.parents[block_id]]
 
     def _pop_free(self) -> int:
         block_id, _ = self.free_queue.popitem(last=False)
@@ -156,5 +230,6 @@ class BlockManager:
         if key is not None:  # evict: this block's content is about to be overwritten
             del self.cached[key]
             self.keys[block_id] = None
+            self._forget_tokens(block_id)
         self.ref_counts[block_id] = 1
         return block_id

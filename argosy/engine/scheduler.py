@@ -63,6 +63,9 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # K/V the runner copies before the step: (source block, target block, its first n slots),
+    # a prompt's tokens found in part of a cached block (BlockManager.find_partial), in order
+    copies: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -224,11 +227,15 @@ class Scheduler:
         while batchable and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = batchable[0]
             cached = self.block_manager.find_cached_prefix(seq) if seq.pooling is None else []
-            num_cached_tokens = len(cached) * self.block_manager.block_size
+            partial = self.block_manager.find_partial(seq, len(cached)) if seq.pooling is None else None
+            num_partial = partial[1] if partial is not None else 0
+            num_cached_tokens = len(cached) * self.block_manager.block_size + num_partial
             num_new = min(seq.num_tokens - num_cached_tokens, budget)
-            if not self.block_manager.can_allocate(seq, num_new, cached):
+            if not self.block_manager.can_allocate(seq, num_partial + num_new, cached):
                 break
-            self.block_manager.allocate(seq, num_new, cached)
+            self.block_manager.allocate(seq, num_partial + num_new, cached)
+            if partial is not None:
+                out.copies.append(self.block_manager.take_partial(seq, partial))
             if seq.is_first_admission:
                 seq.num_cached_tokens = min(num_cached_tokens, seq.num_prompt_tokens)
                 seq.first_admitted()

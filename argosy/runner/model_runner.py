@@ -186,6 +186,15 @@ class ModelRunner:
         self.generators.pop(request_id, None)
         self.pooler.release(request_id)
 
+    def _copy_slots(self, copies: list[tuple[int, int, int]]) -> None:
+        """A prompt's tokens found in part of a cached block: their K/V, every layer's, into
+        the prompt's own block, in order (a later copy may write a block an earlier one read)."""
+        bs = self.block_size
+        for source, target, n in copies:
+            if source != target:
+                self.k_all[:, target * bs : target * bs + n] = self.k_all[:, source * bs : source * bs + n]
+                self.v_all[:, target * bs : target * bs + n] = self.v_all[:, source * bs : source * bs + n]
+
     def _slots(self, seq: Sequence, start: int, stop: int) -> torch.Tensor:
         table = torch.tensor(seq.block_table, dtype=torch.long)
         all_slots = (table.unsqueeze(1) * self.block_size + torch.arange(self.block_size)).view(-1)
@@ -193,6 +202,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
+        self._copy_slots(out.copies)
         # decodes first (one token each; a draft's tokens are decode rows too), then prefill chunks
         batch = sorted(out.scheduled, key=lambda r: r.num_new_tokens != 1 and not r.num_spec_tokens)
         if self.lora is not None:

@@ -230,6 +230,66 @@ def test_can_allocate_does_not_count_blocks_still_in_use() -> None:
 
 
 # -- eviction ------------------------------------------------------------------------------
+# -- token by token past the whole blocks (find_partial / take_partial) ----------------------
+def admit_with_partial(bm: BlockManager, seq: Sequence) -> tuple[list[int], tuple[int, int, int] | None]:
+    """What the scheduler does: whole blocks, then part of one; returns the hits and the copy."""
+    cached = bm.find_cached_prefix(seq)
+    partial = bm.find_partial(seq, len(cached))
+    n = partial[1] if partial else 0
+    num_new = seq.num_tokens - len(cached) * BS - n
+    assert bm.can_allocate(seq, n + num_new, cached)
+    bm.allocate(seq, n + num_new, cached)
+    return cached, bm.take_partial(seq, partial) if partial else None
+
+
+def test_a_prompt_takes_the_leading_tokens_of_a_cached_block_as_a_copy() -> None:
+    bm = BlockManager(8, BS)
+    run_prompt(bm, B + [7])  # blocks 0 and 1 published, block 2 holds one token
+    seq = make_seq(B[:6] + [900, 901])  # block 0 whole, then 2 of block 1's 4 tokens
+    cached, copy = admit_with_partial(bm, seq)
+    assert cached == [0]
+    assert seq.block_table == [0, 3]
+    assert copy == (1, 3, 2)  # block 1's first 2 slots into the sequence's block 3
+    assert seq.num_computed_tokens == 6
+    assert bm.num_prefix_hits == 6
+
+
+def test_the_longest_match_among_siblings_wins_and_the_last_token_is_computed() -> None:
+    bm = BlockManager(8, BS)
+    run_prompt(bm, B[:4] + [50, 51, 60, 61, 0])  # block 1: 50 51 60 61
+    run_prompt(bm, B[:4] + [50, 51, 52, 70, 0])  # block 3: 50 51 52 70 (same parent)
+    assert bm.find_partial(make_seq(B[:4] + [50, 51, 52, 99, 5]), 1) == (3, 3)
+    assert bm.find_partial(make_seq(B[:4] + [50, 51, 60, 1]), 1) == (1, 3)
+    # the whole of block 3's tokens but the prompt ends there: its last token is computed
+    assert bm.find_partial(make_seq(B[:4] + [50, 51, 52, 70]), 1) == (3, 3)
+    assert bm.find_partial(make_seq(B[:4] + [99, 50, 51, 52, 70]), 1) is None
+    # another parent: no match, whatever the tokens
+    assert bm.find_partial(make_seq([1, 2, 3, 4, 50, 51, 52, 70, 0]), 1) is None
+    # the first block's siblings sit under the root
+    assert bm.find_partial(make_seq(B[:3] + [0]), 0) == (0, 3)
+
+
+def test_an_evicted_block_is_no_longer_lent() -> None:
+    bm = BlockManager(2, BS)
+    a = run_prompt(bm, B)
+    bm.free(a)
+    assert bm.find_partial(make_seq(B[:6] + [9]), 1) == (1, 2)
+    admit(bm, make_seq([1, 2, 3]))  # takes block 1 (the deepest) for new content
+    assert bm.find_partial(make_seq(B[:6] + [9]), 1) is None
+    assert bm.children == {b"": {0: None}}
+    bm.reset_prefix_cache()
+    assert bm.children == {} and bm.block_tokens == [None, None]
+
+
+def test_prompt_logprobs_and_disabled_caching_take_no_partial_block() -> None:
+    bm = BlockManager(8, BS)
+    run_prompt(bm, B + [7])
+    assert bm.find_partial(make_seq(B[:6] + [1], prompt_logprobs=1), 1) is None
+    off = BlockManager(8, BS, enable_prefix_caching=False)
+    run_prompt(off, B + [7])
+    assert off.find_partial(make_seq(B[:6] + [1]), 1) is None
+
+
 def test_eviction_is_lru_and_deepest_block_first() -> None:
     bm = BlockManager(6, BS)
     a = run_prompt(bm, B)  # blocks 0, 1

@@ -133,18 +133,20 @@ def test_greedy_generation_matches_transformers(tiny: TinyModel) -> None:
         assert results[rid].num_cached_tokens == 0
     assert_all_blocks_free(engine)
 
-    # the same 40-token prompt again: 2 full blocks (32 tokens) come from the cache
+    # the same 40-token prompt again: 2 full blocks (32 tokens) come from the cache, and 7 more
+    # from the third (the prompt's tokens 32..38, copied: its last token is always computed)
     again = run_one(engine, prompts["p40"], greedy(32), "again")
-    assert again.num_cached_tokens == 32
+    assert again.num_cached_tokens == 39
     assert again.token_ids == results["p40"].token_ids
-    # a prompt sharing the first 100 tokens of p150 hits its first 6 blocks
+    # a prompt sharing the first 100 tokens of p150 hits its first 6 blocks and 4 tokens of the 7th
     branch = prompts["p150"][:100] + prompt(20, seed=99)
+    assert branch[100] != prompts["p150"][100]
     hit = run_one(engine, branch, greedy(32), "branch")
-    assert hit.num_cached_tokens == 96
+    assert hit.num_cached_tokens == 100
     assert hit.token_ids == tiny.greedy(branch, 32)
     stats = engine.stats()
     assert stats.prefix_cache_queries == sum(LENGTHS) + 40 + 120
-    assert stats.prefix_cache_hits == 32 + 96
+    assert stats.prefix_cache_hits == 39 + 100
 
 
 def test_small_step_budget_chunks_every_prompt(tiny_qwen2: TinyModel) -> None:

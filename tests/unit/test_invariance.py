@@ -154,6 +154,7 @@ def test_the_last_layer_run_for_the_rows_read_alone_changes_nothing(
         for out in llm.step():
             pruned_prompt_logprobs = out.prompt_logprobs or pruned_prompt_logprobs
     assert rows == [] and pruned_prompt_logprobs is not None  # a chunk asking them keeps every row
+    llm.block_manager.reset_prefix_cache()  # a whole prefill again, not the prompt's last token alone
     assert generate(llm, [prompt])[0] == solo
     assert rows and all(n_out < n_in for n_in, n_out in rows)  # the prefill's last layer: one row
     monkeypatch.setattr(llm.runner, "_prunes_last_layer", False)

@@ -352,3 +352,17 @@ def test_a_resumed_request_reuses_its_own_surviving_cached_block() -> None:
     assert plan(out) == [("c", 5)]  # its first block (4 tokens) came from the cache
     assert c.block_table == [4, 6, 1]
     assert c.num_computed_tokens == 9
+
+
+def test_a_prompt_sharing_part_of_a_cached_block_gets_its_slots_copied() -> None:
+    sched = make_scheduler()
+    a = make_seq("a", 8, max_tokens=1)
+    sched.add(a)
+    assert plan(run_step(sched)) == [("a", 8)]  # blocks 0 and 1 published
+    assert a.is_finished
+    b = Sequence("b", a.prompt_token_ids[:6] + [5, 6, 7], SamplingParams(max_tokens=2, detokenize=False))
+    sched.add(b)
+    out = run_step(sched)
+    assert plan(out) == [("b", 3)]  # block 0 whole, tokens 4 and 5 copied from block 1
+    assert out.copies == [(1, b.block_table[1], 2)]
+    assert b.num_cached_tokens == 6

@@ -95,6 +95,7 @@ def test_greedy_64_tokens_match_transformers(llm, hf_greedy_64, prompts) -> None
 
 
 def test_llm_generate_end_to_end_with_text(llm, hf_greedy_64, smollm2_hf_tokenizer, prompts) -> None:  # type: ignore[no-untyped-def]
+    llm.engine.block_manager.reset_prefix_cache()  # what the tests before this one left in it
     results = llm.generate(prompts, SamplingParams(max_tokens=64, temperature=0.0))
     for result, full in zip(results, hf_greedy_64, strict=True):
         expected = until_eos(full)
@@ -106,7 +107,8 @@ def test_llm_generate_end_to_end_with_text(llm, hf_greedy_64, smollm2_hf_tokeniz
             assert result.finish_reason == "length"
     assert "Paris" in results[0].text
     assert results[0].finish_reason == "stop"
-    # the same conversation again: its chat prefix is served from the prefix cache
+    # the same conversation again: its chat prefix is served from the prefix cache (its 2 whole
+    # blocks: the answer stopped before the third filled)
     again = llm.generate(prompts[0], SamplingParams(max_tokens=64, temperature=0.0))[0]
     assert again.num_cached_tokens == 32
     assert again.text == results[0].text
