@@ -256,7 +256,7 @@ def test_greedy_answers_match_openai_chat(claude: anthropic.Anthropic, client: o
     question = "Why is the sky blue?"
     chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
     client.chat.completions.create(model=MODEL, messages=chat, max_tokens=1, temperature=0)  # type: ignore[arg-type]
-    # both requests below read the same prompt blocks from the cache, so they decode alike
+    # both requests below read the prompt from the cache (K/V with the bits a recompute gives)
     openai_answer = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=16, temperature=0)  # type: ignore[arg-type]
     message = claude.messages.create(
         model=MODEL,
@@ -270,9 +270,11 @@ def test_greedy_answers_match_openai_chat(claude: anthropic.Anthropic, client: o
     assert usage is not None
     assert message.usage.output_tokens == usage.completion_tokens
     assert whole_prompt(message.usage) == usage.prompt_tokens
-    assert message.usage.cache_read_input_tokens == (
-        usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
-    )
+    # the warm-up published the prompt's whole blocks; the OpenAI answer's 16 tokens filled the
+    # block holding the prompt's end, so the Messages call reads all of the prompt but its last token
+    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+    assert cached is not None and cached >= min(usage.prompt_tokens - 1, usage.prompt_tokens // 16 * 16)
+    assert message.usage.cache_read_input_tokens == usage.prompt_tokens - 1
 
 
 def test_fields_not_honoured_are_named(http: httpx.Client) -> None:
