@@ -38,12 +38,10 @@ class ModelWorker:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def call(self, fn: Callable[[], T]) -> T:
-        """`fn()` on the worker thread, in turn."""
-        results = self.iterate(lambda: iter((fn(),)))
-        try:
-            return await anext(results)
-        finally:
-            await results.aclose()
+        """`fn()` on the worker thread, in turn. Returns once the thread counted the job ended
+        (the end of the items, not the first one: `running` read after it is 0 when idle)."""
+        (result,) = [item async for item in self.iterate(lambda: iter((fn(),)))]
+        return result
 
     async def iterate(self, make: Callable[[], Iterator[T]]) -> AsyncGenerator[T, None]:
         """The items of `make()` (run on the worker thread) as they come."""
