@@ -36,6 +36,11 @@ def block_key(parent: bytes | None, token_ids: list[int], images: bytes = b"") -
     return digest.digest()
 
 
+def parent_key(seq: Sequence, i: int) -> bytes | None:
+    """The key block i of `seq` chains from: block i - 1's, or the root's (its cache salt)."""
+    return seq.block_hashes[i - 1] if i else seq.cache_salt
+
+
 # the most recently cached blocks under one parent that find_partial compares (a bound on its
 # work when many prompts branch at one point)
 _MAX_PARTIAL_CANDIDATES = 64
@@ -71,7 +76,7 @@ class BlockManager:
         bs = self.block_size
         num_full = seq.num_tokens // bs
         for i in range(len(seq.block_hashes), num_full):
-            parent = seq.block_hashes[i - 1] if i else seq.cache_salt
+            parent = parent_key(seq, i)
             tokens = [seq.token_at(j) for j in range(i * bs, (i + 1) * bs)]
             images = b"".join(im.digest for im in seq.images if im.start < (i + 1) * bs and im.stop > i * bs)
             seq.block_hashes.append(block_key(parent, tokens, images))
@@ -101,8 +106,7 @@ class BlockManager:
         bs = self.block_size
         start = num_cached_blocks * bs
         limit = min(bs, seq.num_tokens - 1 - start)
-        parent = seq.block_hashes[num_cached_blocks - 1] if num_cached_blocks else seq.cache_salt
-        candidates = self.children.get(parent or b"")
+        candidates = self.children.get(parent_key(seq, num_cached_blocks) or b"")
         if limit < 1 or not candidates:
             return None
         want = [seq.token_at(start + j) for j in range(limit)]
@@ -201,7 +205,7 @@ class BlockManager:
             self.cached[key] = block_id
             start = i * self.block_size
             if not any(im.start < start + self.block_size and im.stop > start for im in seq.images):
-                parent = (seq.block_hashes[i - 1] if i else seq.cache_salt) or b""
+                parent = parent_key(seq, i) or b""
                 self.block_tokens[block_id] = tuple(
                     seq.token_at(j) for j in range(start, start + self.block_size)
                 )
