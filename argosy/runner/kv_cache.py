@@ -1,5 +1,6 @@
 """The KV cache's element and layout: what --kv-cache-dtype resolves to for a model's kernels,
-a KV head's row width and the bytes a token takes, and an int8 cache's per-channel K scale."""
+a KV head's row width and the bytes a token takes, an int8 cache's per-channel K scale, and
+slots copied between blocks."""
 
 from __future__ import annotations
 
@@ -15,6 +16,19 @@ def kv_row_width(head_dim: int, kv_dtype: torch.dtype) -> int:
     """A KV head's row in the cache, in its elements: head_dim, or for int8 head_dim codes and
     an fp16 scale per 32 (csrc/iq_attention.cpp)."""
     return head_dim + head_dim // 16 if kv_dtype == torch.int8 else head_dim
+
+
+def copy_slots(
+    k_all: torch.Tensor, v_all: torch.Tensor, copies: list[tuple[int, int, int]], block_size: int
+) -> None:
+    """(source block, target block, n): the first n slots' K and V, every layer's ([layers, slots,
+    ...] tensors), copied, in order (a later copy may write a block an earlier one read): a
+    prompt's tokens found in part of a cached block (BlockManager.find_partial)."""
+    for source, target, n in copies:
+        if source != target:
+            a, b = source * block_size, target * block_size
+            k_all[:, b : b + n] = k_all[:, a : a + n]
+            v_all[:, b : b + n] = v_all[:, a : a + n]
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype: torch.dtype) -> int:

@@ -29,6 +29,7 @@ from argosy.ops.attention import (
 from argosy.runner.compiled import MIN_BLOCKS, CompiledDecoder
 from argosy.runner.cuda_graphs import CudaGraphDecoder, buckets_up_to
 from argosy.runner.kv_cache import (
+    copy_slots,
     kv_row_width,
     resolve_kv_dtype,
     set_k_channel_scales,
@@ -186,15 +187,6 @@ class ModelRunner:
         self.generators.pop(request_id, None)
         self.pooler.release(request_id)
 
-    def _copy_slots(self, copies: list[tuple[int, int, int]]) -> None:
-        """A prompt's tokens found in part of a cached block: their K/V, every layer's, into
-        the prompt's own block, in order (a later copy may write a block an earlier one read)."""
-        bs = self.block_size
-        for source, target, n in copies:
-            if source != target:
-                self.k_all[:, target * bs : target * bs + n] = self.k_all[:, source * bs : source * bs + n]
-                self.v_all[:, target * bs : target * bs + n] = self.v_all[:, source * bs : source * bs + n]
-
     def _slots(self, seq: Sequence, start: int, stop: int) -> torch.Tensor:
         table = torch.tensor(seq.block_table, dtype=torch.long)
         all_slots = (table.unsqueeze(1) * self.block_size + torch.arange(self.block_size)).view(-1)
@@ -202,7 +194,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
-        self._copy_slots(out.copies)
+        copy_slots(self.k_all, self.v_all, out.copies, self.block_size)
         # decodes first (one token each; a draft's tokens are decode rows too), then prefill chunks
         batch = sorted(out.scheduled, key=lambda r: r.num_new_tokens != 1 and not r.num_spec_tokens)
         if self.lora is not None:
