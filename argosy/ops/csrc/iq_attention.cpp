@@ -239,6 +239,10 @@ inline void store_row(const Rows& a, const Tile& t, int64_t group, int64_t rg, c
   for (int64_t d = 0; d < a.dim; ++d) dst[d] = n == 0 ? 0.0f : values[d] * inv;
 }
 
+// the positions of a chunk's K^T that the scores read: `count` rounded up to a block of 16 (the
+// rest of a part-filled chunk is never read, so never made)
+inline int64_t blocks_of(int64_t count) { return (count + kLanes - 1) / kLanes * kLanes; }
+
 // -- AVX-512 --
 
 #define ARGOSY_ATTN512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -305,7 +309,7 @@ template <int C>
 ARGOSY_ATTN512 void chunk512_q8(const Rows& a, const int64_t* off, int64_t count, float* kt, float* vf) {
   constexpr int64_t dim = C * kLanes;
   if (kt != nullptr)
-    for (int64_t i0 = 0; i0 < kChunk; i0 += kLanes)
+    for (int64_t i0 = 0; i0 < blocks_of(count); i0 += kLanes)
       for (int64_t d0 = 0; d0 < dim; d0 += kLanes) {
         __m512 r[kLanes];
 #pragma GCC unroll 16
@@ -330,7 +334,7 @@ ARGOSY_ATTN512 void chunk512(const Rows& a, const int64_t* table, int64_t h, int
   offsets(a, table, h, j0, count, off);
   if (a.k8 != nullptr) return chunk512_q8<C>(a, off, count, kt, vf);
   if (kt != nullptr)  // 16 positions x 16 fp16 pairs (32 dims; 16 for the last of an odd C) at a time,
-    for (int64_t i0 = 0; i0 < kChunk; i0 += kLanes)  // transposed as 32-bit words
+    for (int64_t i0 = 0; i0 < blocks_of(count); i0 += kLanes)  // transposed as 32-bit words
       for (int64_t d0 = 0; d0 < dim; d0 += 2 * kLanes) {
         const int pairs = dim - d0 >= 2 * kLanes ? kLanes : kLanes / 2;
         __m512 r[kLanes];
@@ -610,7 +614,7 @@ template <int C>
 ARGOSY_ATTN256 void chunk256_q8(const Rows& a, const int64_t* off, int64_t count, float* kt, float* vf) {
   constexpr int64_t dim = C * kLanes;
   if (kt != nullptr)
-    for (int64_t i0 = 0; i0 < kChunk; i0 += kW8)
+    for (int64_t i0 = 0; i0 < blocks_of(count); i0 += kW8)
       for (int64_t d0 = 0; d0 < dim; d0 += kW8) {
         __m256 r[kW8];
 #pragma GCC unroll 8
@@ -633,7 +637,7 @@ ARGOSY_ATTN256 void chunk256(const Rows& a, const int64_t* table, int64_t h, int
   offsets(a, table, h, j0, count, off);
   if (a.k8 != nullptr) return chunk256_q8<C>(a, off, count, kt, vf);
   if (kt != nullptr)  // 8 positions x 8 fp16 pairs (16 dims) at a time, transposed as 32-bit words
-    for (int64_t i0 = 0; i0 < kChunk; i0 += kW8)
+    for (int64_t i0 = 0; i0 < blocks_of(count); i0 += kW8)
       for (int64_t d0 = 0; d0 < dim; d0 += 2 * kW8) {
         __m256 r[kW8];
 #pragma GCC unroll 8
