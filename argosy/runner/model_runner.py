@@ -26,6 +26,7 @@ from argosy.ops.attention import (
     CpuPagedAttention,
     PrefillChunk,
 )
+from argosy.ops.native import invariant_ops_ready
 from argosy.runner.compiled import MIN_BLOCKS, CompiledDecoder
 from argosy.runner.cuda_graphs import CudaGraphDecoder, buckets_up_to
 from argosy.runner.kv_cache import (
@@ -37,7 +38,7 @@ from argosy.runner.kv_cache import (
 )
 from argosy.runner.pooler import MeanPooler, pooling_token_ids
 from argosy.runner.row_inputs import image_rows, lora_rows
-from argosy.runner.sampler import Sampler, SamplingRow, make_logprob, take_rows
+from argosy.runner.sampler import Sampler, SamplingRow, greedy_picks, make_logprob, take_rows
 from argosy.runner.spec_decode import Verified, verify_batch
 
 
@@ -276,13 +277,18 @@ class ModelRunner:
         there and only the token ids cross to the host (a step of 256 rows would otherwise copy
         50 MB of SmolLM2's logits)."""
         sampling = [(i, r) for i, r in enumerate(batch) if r.is_sampling and not r.num_spec_tokens]
-        plain = [(i, r) for i, r in sampling if _plain_greedy(r)] if device_logits_at is not None else []
-        if plain and device_logits_at is not None:
-            logits = device_logits_at([offsets[i] + r.num_new_tokens - 1 for i, r in plain])
-            logits = logits[:, : self.sampler.vocab_size]
+        plain = [(i, r) for i, r in sampling if _plain_greedy(r)]
+        at = [offsets[i] + r.num_new_tokens - 1 for i, r in plain]
+        picks = None  # plain greedy rows on the host: one native pass gives each pick and its NaN check
+        if plain and device_logits_at is None and invariant_ops_ready():
+            picks = greedy_picks(logits_at(at)[:, : self.sampler.vocab_size])
+        elif plain and device_logits_at is not None:
+            logits = device_logits_at(at)[:, : self.sampler.vocab_size]
             picked = torch.stack([logits.argmax(dim=-1), _non_finite_rows(logits).long()]).cpu()
-            for (_, req), token, bad in zip(plain, picked[0].tolist(), picked[1].tolist(), strict=True):
-                if bad:
+            picks = picked[0].tolist(), [bool(bad) for bad in picked[1].tolist()]
+        if picks is not None:
+            for (_, req), token, non_finite in zip(plain, *picks, strict=True):
+                if non_finite:
                     result.failed[req.seq.request_id] = NON_FINITE
                 else:
                     result.sampled[req.seq.request_id] = (token, None)

@@ -57,6 +57,22 @@ def first_argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
+def greedy_picks(logits: torch.Tensor) -> tuple[list[int], list[bool]] | None:
+    """Each row's argmax and whether the row holds a NaN or +inf, in one native pass over the
+    host's logits (no separate non-finite scan, no sampler); None where the native op cannot
+    take them (then the caller scans and samples as usual)."""
+    if (
+        logits.device.type != "cpu"
+        or logits.dtype != torch.float32
+        or logits.dim() != 2
+        or logits.stride(-1) != 1
+        or not invariant_ops_ready()
+    ):
+        return None
+    picked = torch.ops.argosy_iq.greedy(logits).tolist()
+    return [token for token, _ in picked], [bool(bad) for _, bad in picked]
+
+
 class Sampler:
     def __init__(self, vocab_size: int, generator: torch.Generator) -> None:
         self.vocab_size = vocab_size
