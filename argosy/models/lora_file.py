@@ -91,14 +91,17 @@ def read_adapter(
     GGUF LoRA file. `architecture` (the base's HF model_type; default: the GGUF's own) decides
     whether llama.cpp permuted q/k rows; undoing that needs `num_heads` / `num_kv_heads`."""
     path = Path(path)
-    if not path.exists():
-        raise _error(path, "does not exist")
-    if path.is_dir():
-        weights = _read_peft(path)
-    elif path.name in ("adapter_config.json", "adapter_model.bin") or path.suffix == ".safetensors":
-        weights = _read_peft(path.parent)
-    else:
-        weights = _read_gguf(path, num_heads, num_kv_heads, architecture)
+    try:  # the file system's refusals (a name too long, no permission) are the client's path's
+        if not path.exists():
+            raise _error(path, "does not exist")
+        if path.is_dir():
+            weights = _read_peft(path)
+        elif path.name in ("adapter_config.json", "adapter_model.bin") or path.suffix == ".safetensors":
+            weights = _read_peft(path.parent)
+        else:
+            weights = _read_gguf(path, num_heads, num_kv_heads, architecture)
+    except OSError as exc:
+        raise _error(path, f"cannot be read ({exc.strerror or exc})") from exc
     if max_rank is not None and weights.rank > max_rank:
         raise _error(path, f"rank {weights.rank} is above this server's --max-lora-rank {max_rank}")
     return weights

@@ -303,6 +303,8 @@ def test_refused_loads_and_unloads_name_their_cause(
     assert wide["param"] == "lora_path" and "--max-lora-rank" in wide["message"]
     missing = error(load(admin, "extra", adapters["tint"].parent / "no-such-adapter"), 400)
     assert missing["param"] == "lora_path" and "does not exist" in missing["message"]
+    too_long = error(load(admin, "extra", "T\u0335o\u0336" * 100), 400)  # found by `make fuzz` (a 500 then)
+    assert too_long["param"] == "lora_path" and "File name too long" in too_long["message"]
     assert error(load(admin, "extra", adapters["third"], model="no-such-model"), 404)["param"] == "model"
     for taken in ("tint", BASE):
         assert error(load(admin, taken, adapters["third"]), 409)["param"] == "lora_name"

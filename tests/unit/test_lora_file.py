@@ -117,6 +117,18 @@ def _refused(path: Path, *words: str, **options: Any) -> None:
 
 def test_peft_file_refusals(adapter_copy: Path, tmp_path: Path) -> None:
     _refused(tmp_path / "nowhere", "does not exist")
+    _refused(
+        tmp_path / ("T\u0335o\u0336" * 100), "cannot be read (File name too long)"
+    )  # 800 bytes: ENAMETOOLONG
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "adapter.gguf").write_bytes(b"GGUF")
+    locked.chmod(0)
+    try:
+        if os.geteuid() != 0:  # root reads through any mode
+            _refused(locked / "adapter.gguf", "cannot be read (Permission denied)")
+    finally:
+        locked.chmod(0o755)
     (tmp_path / "empty").mkdir()
     _refused(tmp_path / "empty", "adapter_config.json")
     _refused(adapter_copy, "rank 8 is above this server's --max-lora-rank 4", max_rank=4)
