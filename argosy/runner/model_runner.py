@@ -275,11 +275,12 @@ class ModelRunner:
         draft (at every row of its chunk); `logits_at(rows)` gives float32 logits on the host.
         With `device_logits_at` (an accelerator's logits), plain greedy rows take their argmax
         there and only the token ids cross to the host (a step of 256 rows would otherwise copy
-        50 MB of SmolLM2's logits)."""
+        50 MB of SmolLM2's logits); on the host they take their pick and NaN/inf check from the
+        native argmax's one pass, without the sampler."""
         sampling = [(i, r) for i, r in enumerate(batch) if r.is_sampling and not r.num_spec_tokens]
         plain = [(i, r) for i, r in sampling if _plain_greedy(r)]
         at = [offsets[i] + r.num_new_tokens - 1 for i, r in plain]
-        picks = None  # plain greedy rows on the host: one native pass gives each pick and its NaN check
+        picks = None
         if plain and device_logits_at is None and invariant_ops_ready():
             picks = greedy_picks(logits_at(at)[:, : self.sampler.vocab_size])
         elif plain and device_logits_at is not None:

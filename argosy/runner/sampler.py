@@ -39,18 +39,23 @@ def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     return t.index_select(0, torch.tensor(rows, dtype=torch.long, device=t.device))
 
 
-def first_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """Each row's argmax over its last dimension (the first of its largest values), as
-    torch.argmax(dim=-1) gives it. On the CPU the native one-pass op (argosy_iq::greedy):
-    torch.argmax read a row of Qwen2.5's 151,936 logits in ~0.2 ms, 1.3 ms of an 8-row decode
-    step; a row with a NaN or +inf (which the engine fails before sampling) falls back to torch."""
-    if (
+def _native_greedy_takes(logits: torch.Tensor) -> bool:
+    """argosy_iq::greedy's input: host float32 [rows, V], each row contiguous."""
+    return (
         logits.device.type == "cpu"
         and logits.dtype == torch.float32
         and logits.dim() == 2
         and logits.stride(-1) == 1
         and invariant_ops_ready()
-    ):
+    )
+
+
+def first_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax over its last dimension (the first of its largest values), as
+    torch.argmax(dim=-1) gives it. On the CPU the native one-pass op (argosy_iq::greedy):
+    torch.argmax read a row of Qwen2.5's 151,936 logits in ~0.2 ms, 1.3 ms of an 8-row decode
+    step; a row with a NaN or +inf (which the engine fails before sampling) falls back to torch."""
+    if _native_greedy_takes(logits):
         picked = torch.ops.argosy_iq.greedy(logits)
         if not bool(picked[:, 1].any()):
             return picked[:, 0]
@@ -61,13 +66,7 @@ def greedy_picks(logits: torch.Tensor) -> tuple[list[int], list[bool]] | None:
     """Each row's argmax and whether the row holds a NaN or +inf, in one native pass over the
     host's logits (no separate non-finite scan, no sampler); None where the native op cannot
     take them (then the caller scans and samples as usual)."""
-    if (
-        logits.device.type != "cpu"
-        or logits.dtype != torch.float32
-        or logits.dim() != 2
-        or logits.stride(-1) != 1
-        or not invariant_ops_ready()
-    ):
+    if not _native_greedy_takes(logits):
         return None
     picked = torch.ops.argosy_iq.greedy(logits).tolist()
     return [token for token, _ in picked], [bool(bad) for _, bad in picked]
