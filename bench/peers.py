@@ -138,6 +138,9 @@ def _llama_cpp_python_command(ctx: LaunchContext) -> list[str]:
 
 
 def _transformers_command(ctx: LaunchContext) -> list[str]:
+    from argosy.models.loader import ensure_float_copies, resolve_model
+
+    ensure_float_copies(resolve_model(ctx.model.source))  # transformers reads every weight in float32
     return [
         str(Path(sys.executable).parent / "transformers"), "serve", str(ctx.model.hf_dir),
         "--continuous-batching", "--dtype", "bfloat16", "--device", "cpu",

@@ -158,7 +158,7 @@ def compute_reference(
 ) -> Reference:
     from transformers import AutoModelForCausalLM
 
-    from argosy.models.loader import MODEL_REGISTRY, resolve_model
+    from argosy.models.loader import MODEL_REGISTRY, float_folder, resolve_model
 
     started = time.perf_counter()
     if source == "gguf":
@@ -166,7 +166,7 @@ def compute_reference(
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     else:
         model = AutoModelForCausalLM.from_pretrained(
-            resolve_model(model_name).weights_dir, dtype=torch.float32
+            float_folder(resolve_model(model_name)), dtype=torch.float32
         )
     model.eval()
     rows = []

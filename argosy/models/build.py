@@ -18,9 +18,11 @@ from safetensors import safe_open
 
 from argosy.errors import ModelLoadError
 from argosy.models.device_kernels import DEVICE_KERNELS
+from argosy.models.gguf_convert import float_copies_missing
 from argosy.models.gguf_quant import BLOCKS_FILE, INT4_FILE
 from argosy.models.llama import MLP, DecoderForCausalLM, RMSNorm
 from argosy.models.llava import VISION_KEY, decoder_weight_name
+from argosy.models.loader import ensure_float_copies
 from argosy.models.quantize import (
     FUSED_PARTS,
     apply_blocks,
@@ -140,11 +142,12 @@ def load_model(
         finally:
             torch.set_default_dtype(previous)
     assert isinstance(model, DecoderForCausalLM)
+    served = served_by_codes(model, source) if invariant and quantization in ("auto", "int4") else set()
+    if float_copies_missing(Path(source.weights_dir)) - served:  # floats the kernels' codes don't replace
+        ensure_float_copies(source)
     files = sorted(Path(source.weights_dir).glob("model*.safetensors"))
     if not files:
         raise ModelLoadError(f"no *.safetensors files in {source.weights_dir}")
-
-    served = served_by_codes(model, source) if invariant and quantization in ("auto", "int4") else set()
 
     # a VLM's checkpoint: the decoder's tensors under their own names, the rest is the vision
     # encoder's (models/llava.py)
@@ -156,8 +159,9 @@ def load_model(
             with safe_open(str(file), framework="pt") as f:
                 for stored in f.keys():  # noqa: SIM118 - safe_open has keys(), no iteration
                     name = stored if rename is None else rename(stored)
-                    if name is not None:
-                        yield name, None if name in served else f.get_tensor(stored)
+                    if name is not None and name not in served:
+                        yield name, f.get_tensor(stored)
+        yield from ((name, None) for name in sorted(served))  # their codes replace them
 
     model.load_weights(weights())
     # the parameters themselves (never ids: a freed one's id comes back on a new object); left
@@ -410,10 +414,9 @@ def _quantize_from(
         # converter wrote the float weights from them): checked only where we quantized
         if (
             tied
-            and head_rows
             and isinstance(head, Int8Linear)
             and head.invariant
-            and (head.own_codes or codes_are_exact(head, head_rows))
+            and (head.own_codes or (head_rows is not None and codes_are_exact(head, head_rows)))
         ):
             model.embed_tokens = CodesEmbedding(head)  # type: ignore[assignment]
         embed_codes = None if tied else block_codes_of(own_codes, ["model.embed_tokens.weight"])

@@ -99,17 +99,21 @@ def dequantize_tensor(tensor: GGUFTensor) -> np.ndarray:
 
 
 def iter_hf_tensors(
-    reader: GGUFFile, config: dict[str, Any], known: Callable[[GGUFTensor], np.ndarray | None] | None = None
+    reader: GGUFFile,
+    config: dict[str, Any],
+    known: Callable[[GGUFTensor], np.ndarray | None] | None = None,
+    include: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, float32 array) for every weight of the file, in HF layout, one at a time.
-    `known(tensor)`: its float32 values [N, K] where already computed (None: dequantize it)."""
+    """(HF name, float32 array) for every weight of the file (those whose HF name `include`
+    takes, if given), in HF layout, one at a time. `known(tensor)`: its float32 values [N, K]
+    where already computed (None: dequantize it)."""
     is_permuted = config["model_type"] in _PERMUTED_MODEL_TYPES
     num_heads = int(config["num_attention_heads"])
     num_kv_heads = int(config["num_key_value_heads"])
     gemma = config["model_type"] in GEMMA_MODEL_TYPES
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name, config["model_type"])
-        if name is None:
+        if name is None or (include is not None and not include(name)):
             continue
         values = known(tensor) if known is not None else None
         values = dequantize_tensor(tensor) if values is None else values

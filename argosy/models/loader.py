@@ -9,12 +9,17 @@
 
 Invariant: a cache folder exists only complete. It is written under a temporary name in the
 same root and renamed into place, so a crash leaves at most an ignored `.partial-*` folder.
+A folder converted from the same path before (the file replaced since, or an older converter)
+is removed once the new one is in place. The float copies of the coded weights are written
+into a folder later, when first asked for (`ensure_float_copies`), under a lock on the folder.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -25,7 +30,7 @@ from tokenizers import Tokenizer
 
 from argosy.errors import ModelLoadError, NotFoundError
 from argosy.models.gguf_config import GGUF_FILE_TYPE_KEY
-from argosy.models.gguf_convert import convert_gguf
+from argosy.models.gguf_convert import convert_gguf, float_copies_missing, write_float_copies
 from argosy.models.hf_folder import load_hf_folder
 from argosy.models.packaged import PACKAGED_MODELS, ByteRate, assemble
 from argosy.models.source import ModelSource
@@ -33,8 +38,10 @@ from argosy.progress import StatusLine
 
 # Bump when the converter's output changes, so folders written by an older converter are
 # not reused.
-# 2: argosy-int4.safetensors; 3: argosy-blocks.safetensors; 4: Gemma 3; 5: the K-quants' own scales
-CONVERTER_VERSION = 5
+# 2: argosy-int4.safetensors; 3: argosy-blocks.safetensors; 4: Gemma 3; 5: the K-quants' own scales;
+# 6: the coded weights' float copies on demand, the source's path in config.json
+CONVERTER_VERSION = 6
+SOURCE_KEY = "argosy_gguf_source"  # config.json: the GGUF file a folder was converted from
 
 _GGUF_MAGIC = b"GGUF"
 
@@ -159,6 +166,10 @@ def ensure_gguf_converted(gguf_path: Path, cache_root: Path) -> tuple[Path, Toke
     try:
         with StatusLine(f"converting {gguf_path.name} for Argosy (first load only)"):
             tokenizer = convert_gguf(gguf_path, partial)
+        config_path = partial / "config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config[SOURCE_KEY] = str(gguf_path.resolve())
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         _fsync_tree(partial)
         try:
             partial.rename(folder)
@@ -175,7 +186,49 @@ def ensure_gguf_converted(gguf_path: Path, cache_root: Path) -> tuple[Path, Toke
         if partial.exists():
             shutil.rmtree(partial, ignore_errors=True)
     _fsync_dir(cache_root)
+    _remove_earlier_conversions(gguf_path, folder)
     return folder, tokenizer
+
+
+def ensure_float_copies(source: ModelSource) -> None:
+    """The float32 values of a converted GGUF's coded weights in its folder, written on first
+    need (the fast numerics, a transformers reference): the conversion keeps them only as the
+    file's codes. One process writes them while others wait; a folder that has them already,
+    or a model that is not a converted GGUF, is left as it is."""
+    folder, gguf_path = Path(source.weights_dir), source.source_path
+    if source.source_format != "gguf" or gguf_path is None or not (folder / "config.json").exists():
+        return
+    if not float_copies_missing(folder):
+        return
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        with StatusLine(f"writing the float weights of {gguf_path.name} (first use only)"):
+            write_float_copies(Path(gguf_path), folder)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot write the float weights of {gguf_path} into {folder}: {exc}") from exc
+    finally:
+        os.close(handle)  # and the lock with it
+
+
+def float_folder(source: ModelSource) -> Path:
+    """The model's folder with every weight in float32 (what transformers reads)."""
+    ensure_float_copies(source)
+    return Path(source.weights_dir)
+
+
+def _remove_earlier_conversions(gguf_path: Path, folder: Path) -> None:
+    """Folders converted from the same path before this one: stale, never read again."""
+    resolved = str(gguf_path.resolve())
+    for other in folder.parent.glob(f"{gguf_path.resolve().stem}-*"):
+        if other == folder or not other.is_dir():
+            continue
+        try:
+            config = json.loads((other / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(config, dict) and config.get(SOURCE_KEY) == resolved:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def _is_gguf(path: Path) -> bool:

@@ -35,9 +35,9 @@ TEXTS = [
 def reference() -> tuple[list[list[int]], np.ndarray]:
     """(token ids, vectors) of TEXTS from transformers: float32 base model, mean, normalised."""
     transformers = pytest.importorskip("transformers")
-    from argosy.models.loader import resolve_model
+    from argosy.models.loader import float_folder, resolve_model
 
-    folder = resolve_model("smollm2").weights_dir
+    folder = float_folder(resolve_model("smollm2"))
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
     ids = [tokenizer(text).input_ids for text in TEXTS]
@@ -139,10 +139,10 @@ def test_a_qwen_gguf_embeds_through_ollama(qwen_server: ServerProcess) -> None:
     """The session's Qwen2.5-Coder GGUF (its Q4_K_M blocks, the invariant numerics) against
     transformers' float32 base model on the dequantized weights: measured 0.99977 or more."""
     transformers = pytest.importorskip("transformers")
-    from argosy.models.loader import resolve_model
+    from argosy.models.loader import float_folder, resolve_model
     from tests.e2e.conftest import QWEN_SMALL
 
-    folder = resolve_model(QWEN_SMALL).weights_dir
+    folder = float_folder(resolve_model(QWEN_SMALL))
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
     texts = [TEXTS[0], "def add(a, b):\n    return a + b"]

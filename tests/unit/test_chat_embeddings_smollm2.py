@@ -29,6 +29,7 @@ from argosy.core.service import ModelService
 from argosy.engine.async_engine import AsyncEngine
 from argosy.engine.llm_engine import LLMEngine
 from argosy.errors import InvalidRequestError
+from argosy.models.loader import float_folder
 
 loader = pytest.importorskip("argosy.models.loader")
 transformers = pytest.importorskip("transformers")
@@ -47,7 +48,7 @@ KV_CACHE = 64 << 20
 @pytest.fixture(scope="module")
 def hf_vectors(smollm2_source, smollm2_hf_tokenizer) -> np.ndarray:  # type: ignore[no-untyped-def]
     """transformers' base model, float32: mean of last_hidden_state, normalised, one row a text."""
-    model = transformers.AutoModel.from_pretrained(smollm2_source.weights_dir, dtype=torch.float32).eval()
+    model = transformers.AutoModel.from_pretrained(float_folder(smollm2_source), dtype=torch.float32).eval()
     rows = []
     with torch.inference_mode():
         for text in TEXTS:

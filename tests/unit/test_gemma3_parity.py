@@ -48,7 +48,8 @@ def source():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def hf_model(source):  # type: ignore[no-untyped-def]
-    return transformers.AutoModelForCausalLM.from_pretrained(source.weights_dir, dtype=torch.float32).eval()
+    folder = loader.float_folder(source)  # the coded weights' float values, written on demand
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")

