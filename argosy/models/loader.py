@@ -220,8 +220,9 @@ def float_folder(source: ModelSource) -> Path:
 def _remove_earlier_conversions(gguf_path: Path, folder: Path) -> None:
     """Folders converted from the same path before this one: stale, never read again."""
     resolved = str(gguf_path.resolve())
-    for other in folder.parent.glob(f"{gguf_path.resolve().stem}-*"):
-        if other == folder or not other.is_dir():
+    prefix = f"{gguf_path.resolve().stem}-"  # a name, not a glob pattern: a stem may hold "["
+    for other in folder.parent.iterdir():
+        if other == folder or not other.name.startswith(prefix) or not other.is_dir():
             continue
         try:
             config = json.loads((other / "config.json").read_text(encoding="utf-8"))

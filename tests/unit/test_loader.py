@@ -637,3 +637,36 @@ def test_unsupported_gguf_architecture_is_a_load_error(tmp_path: Path) -> None:
 def test_folder_without_config_is_a_load_error(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match=r"no config\.json"):
         resolve_model(str(tmp_path))
+
+
+def test_two_loads_asking_for_the_float_copies_at_once_write_them_once(tmp_path: Path) -> None:
+    """ensure_float_copies locks the folder: the second caller waits, then finds them written."""
+    import threading
+
+    gguf_path = tmp_path / "tiny.gguf"
+    expected = write_tiny_gguf(gguf_path, "qwen2", Q.Q8_0)
+    source = resolve_model(str(gguf_path), cache_dir=tmp_path / "cache")
+    folder = source.weights_dir
+    assert float_copies_missing(folder) == coded_weight_names(folder) != set()
+    calls: list[int] = []
+    real = loader.write_float_copies
+
+    def counted(gguf_file: Path, into: Path) -> int:
+        calls.append(real(gguf_file, into))
+        return calls[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loader, "write_float_copies", counted)
+        threads = [threading.Thread(target=ensure_float_copies, args=(source,)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    # the first wrote every coded weight; the second, let in after it, found none missing (or
+    # saw them written before it asked for the lock)
+    assert calls in ([len(coded_weight_names(folder))], [len(coded_weight_names(folder)), 0])
+    ours = _floats(folder)
+    assert sorted(ours) == sorted(expected)
+    for name, values in ours.items():
+        np.testing.assert_array_equal(values, expected[name], err_msg=name)
+    assert not list(folder.glob("*.partial"))
