@@ -16,8 +16,9 @@ from argosy.ops.quantized_linear import BlockCodes, Int8Linear, code_range, inva
 
 pytestmark = pytest.mark.skipif(not load_native_ops(), reason="no C++ compiler for the native kernels")
 
-# 33..35: the AVX2 prefill path (from 32 rows) with each remainder of its 3- and 2-row blocks
-ROW_COUNTS = [1, 2, 3, 4, 5, 8, 9, 13, 33, 34, 35]
+# 33..35: the AVX2 prefill path (from 32 rows) with each remainder of its 3- and 2-row blocks;
+# 48..55: the AVX-512 prefill path (from 48 rows) with each remainder of its 6- and 4-row blocks
+ROW_COUNTS = [1, 2, 3, 4, 5, 8, 9, 13, 33, 34, 35, 48, 49, 50, 51, 52, 53, 55]
 
 
 @pytest.fixture(autouse=True)
@@ -84,9 +85,25 @@ def rows(m: int, k: int, seed: int, extreme: bool = False) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fine", [False, True])
+def test_a_long_prefill_in_passes_gives_the_reference_bits(paths: list[str], fmt: str, fine: bool) -> None:
+    """150 rows of 8,192 inputs: the prefill paths take x in passes of 128 rows (what fits L2),
+    over 3 tiles of outputs (one left over by the blocks of 2)."""
+    n, k = 48, 8192
+    weight, super_scales = kquant(fmt, n, k, seed=3 + fine)
+    kq = packed(weight, super_scales)
+    x = rows(150, k, seed=21)
+    torch.ops.argosy_iq.set_path("scalar")
+    reference = kq.linear(x, n, True, fine=fine)
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        assert torch.equal(bits(kq.linear(x, n, True, fine=fine)), bits(reference)), path
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("extreme", [False, True])
 def test_every_path_gives_the_int8_forms_reference_bits(paths: list[str], fmt: str, extreme: bool) -> None:
-    n, k = 48, 512
+    n, k = 64, 512  # 4 tiles: the prefill paths' blocks of 2 tiles
     weight, super_scales = kquant(fmt, n, k, seed=len(fmt) + extreme, extreme=extreme)
     kq = packed(weight, super_scales)
     assert kq.form.bits == BITS[fmt]

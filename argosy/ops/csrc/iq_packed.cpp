@@ -429,6 +429,81 @@ ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, const int8_t* xlo, int64
     for (int t = 0; t < T; ++t) _mm512_storeu_ps(res + (r * T + t) * kTile, acc[r][t]);
 }
 
+// Many rows (prefill without AMX): as the AVX2 path, a tile's codes unpacked once (codes_512's
+// vectors, [groups, 8 lines, 64 bytes]) and its scales and mins as floats, then R rows at a time
+// read them with plain loads, x's four bytes broadcast inside the dot product: the vector units do
+// the dot products and the fp32 steps, no unpacking per row block (the codes' unpacking and the
+// scales' conversion were ~30% of the vector work at 4 rows x 2 tiles). Rows in passes whose x
+// stays in L2, as the AMX path does. Same integer sums, the same fp32 steps in the same order: the
+// same bits.
+constexpr int64_t kKqAvx512TileMinRows = 48;  // fewer rows: the per-block unpacking above is as fast
+
+template <int Bits, int H, bool Mins, int Kind>
+ARGOSY_KQ_AVX512 void kq_avx512_unpack(const PackedW& w, int64_t t, uint8_t* codes, float* scales, float* mins) {
+  for (int64_t g = 0; g < w.groups; ++g) {
+    for (int e = 0; e < 8; ++e) _mm512_store_si512(codes + (g * 8 + e) * 64, codes_512<Bits>(w, t, g, e));
+    for (int hg = 0; hg < H; ++hg) _mm512_store_ps(scales + (g * H + hg) * kTile, scales_16<Kind>(w.s, t, g * H + hg));
+    if constexpr (Mins) _mm512_store_ps(mins + g * kTile, scales_16<Kind>(w.m, t, g));
+  }
+}
+
+// R rows x T consecutive tiles (each tile's unpacked codes, scales and mins `bytes` apart): x's
+// four bytes a row broadcast once for the T tiles' dot products
+template <int R, int T, int Bits, int H, bool Mins, int Kind, bool Fine>
+ARGOSY_KQ_AVX512 void kq_avx512_tile(const uint8_t* codes, int64_t bytes, const int8_t* xq, const int8_t* xlo,
+                                     int64_t k, const float* dx, const float* ux, const int32_t* start,
+                                     int64_t groups, float* res) {
+  const float* scales = reinterpret_cast<const float*>(codes + groups * 512);
+  const float* mins = scales + groups * H * kTile;
+  const int64_t fbytes = bytes / 4;  // the same distance in floats
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* cg = codes + g * 512;
+    for (int hg = 0; hg < H; ++hg) {
+      __m512i dot[R][T], dot_lo[R][T];
+      for (int r = 0; r < R; ++r) {
+        const __m512i s0 = _mm512_set1_epi32(start[(r * groups + g) * H + hg]);
+        for (int t = 0; t < T; ++t) {
+          dot[r][t] = Fine ? _mm512_setzero_si512() : s0;
+          if constexpr (Fine) dot_lo[r][t] = s0;
+        }
+      }
+#pragma GCC unroll 8
+      for (int jj = 0; jj < 8 / H; ++jj) {
+        const int e = (8 / H) * hg + jj;
+        __m512i u[T];
+        for (int t = 0; t < T; ++t) u[t] = _mm512_load_si512(cg + t * bytes + e * 64);
+        for (int r = 0; r < R; ++r) {
+          const __m512i xs = broadcast4_512(xq + r * k + g * kGroup + 4 * e);
+          for (int t = 0; t < T; ++t) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], u[t], xs);
+          if constexpr (Fine) {
+            const __m512i xl = broadcast4_512(xlo + r * k + g * kGroup + 4 * e);
+            for (int t = 0; t < T; ++t) dot_lo[r][t] = _mm512_dpbusd_epi32(dot_lo[r][t], u[t], xl);
+          }
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m512 s = _mm512_load_ps(scales + t * fbytes + (g * H + hg) * kTile);
+        for (int r = 0; r < R; ++r) {
+          const __m512i d = Fine ? fine_dot_512(dot[r][t], dot_lo[r][t]) : dot[r][t];
+          acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(s, _mm512_set1_ps(dx[r * groups + g])), _mm512_cvtepi32_ps(d),
+                                      acc[r][t]);
+        }
+      }
+    }
+    if constexpr (Mins) {
+      for (int t = 0; t < T; ++t) {
+        const __m512 m = _mm512_load_ps(mins + t * fbytes + g * kTile);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(m, _mm512_set1_ps(ux[r * groups + g]), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(res + (r * T + t) * kTile, acc[r][t]);
+}
+
 // -- AMX-INT8: steps of many rows -------------------------------------------------------------
 //
 // A tile's codes are unpacked once into B tiles as signed codes q = u - bias (line e of group g
@@ -666,6 +741,48 @@ void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
         for (; r0 < rows; ++r0) block(r0, std::integral_constant<int, 1>{});
       }
     });
+    return;
+  }
+  if (path >= kAvx512 && rows >= kKqAvx512TileMinRows) {
+    // rows a pass: their x (both planes of the fine form) within ~1 MB of L2
+    const int64_t pass = std::max<int64_t>(kKqAmxPassMinRows, kKqAmxPassBytes / (k * (Fine ? 2 : 1)));
+    for (int64_t p0 = 0; p0 < rows; p0 += pass) {
+      const int64_t p1 = std::min(rows, p0 + pass);
+      const int64_t per_block = tiles % 2 == 0 ? 2 : 1;
+      for_tile_blocks(tiles, per_block, [&](int64_t t0, int64_t t1) {
+        // each tile's codes (512 bytes a weight group), then its scales and mins as floats
+        const int64_t bytes = groups * (512 + (H + 1) * kTile * 4);
+        std::unique_ptr<uint8_t[], void (*)(void*)> buffer(
+            static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes * (t1 - t0)))), std::free);
+        uint8_t* codes = buffer.get();
+        for (int64_t t = t0; t < t1; ++t) {
+          uint8_t* at = codes + (t - t0) * bytes;
+          float* scales = reinterpret_cast<float*>(at + groups * 512);
+          kq_avx512_unpack<Bits, H, Mins, Kind>(w, t, at, scales, scales + groups * H * kTile);
+        }
+        constexpr int RB = Fine ? 4 : 6;
+        float res[RB * 2 * kTile];
+        const int64_t width = (t1 - t0) * kTile;
+        auto block = [&](int64_t r0, auto rows_constant) {
+          constexpr int R = decltype(rows_constant)::value;
+          const int8_t* xq = xr.q.data() + r0 * k;
+          const int8_t* xlo = Fine ? xr.lo.data() + r0 * k : nullptr;
+          const float* dx = xr.dx.data() + r0 * groups;
+          const float* ux = xr.ux.data() + r0 * groups;
+          const int32_t* st = start.data() + r0 * groups * H;
+          if (t1 - t0 == 2)
+            kq_avx512_tile<R, 2, Bits, H, Mins, Kind, Fine>(codes, bytes, xq, xlo, k, dx, ux, st, groups, res);
+          else
+            kq_avx512_tile<R, 1, Bits, H, Mins, Kind, Fine>(codes, bytes, xq, xlo, k, dx, ux, st, groups, res);
+          for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
+        };
+        int64_t r0 = p0;
+        for (; r0 + RB <= p1; r0 += RB) block(r0, std::integral_constant<int, RB>{});
+        if (RB > 4 && r0 + 4 <= p1) block(r0, std::integral_constant<int, 4>{}), r0 += 4;
+        if (r0 + 2 <= p1) block(r0, std::integral_constant<int, 2>{}), r0 += 2;
+        if (r0 < p1) block(r0, std::integral_constant<int, 1>{});
+      });
+    }
     return;
   }
   const int64_t tiles_per_block = (path >= kAvx512 && tiles % 2 == 0) ? 2 : 1;
