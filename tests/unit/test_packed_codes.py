@@ -17,7 +17,7 @@ from argosy.ops.quantized_linear import BlockCodes, Int8Linear, code_range, inva
 pytestmark = pytest.mark.skipif(not load_native_ops(), reason="no C++ compiler for the native kernels")
 
 # 33..35: the AVX2 prefill path (from 32 rows) with each remainder of its 3- and 2-row blocks;
-# 48..55: the AVX-512 prefill path (from 48 rows) with each remainder of its 6- and 4-row blocks
+# 33..55: the AVX-512 one (from 16 rows) with each remainder of its 6- and 4-row blocks
 ROW_COUNTS = [1, 2, 3, 4, 5, 8, 9, 13, 33, 34, 35, 48, 49, 50, 51, 52, 53, 55]
 
 
