@@ -505,12 +505,25 @@ def test_a_changed_gguf_gets_a_fresh_cache_folder(tmp_path: Path) -> None:
     gguf_path = tmp_path / "tiny.gguf"
     write_tiny_gguf(gguf_path, "qwen2", Q.F32)
     first = resolve_model(str(gguf_path), cache_dir=tmp_path / "cache").weights_dir
+    # a folder an older converter wrote for a file of this name: no source recorded
+    older = first.with_name("tiny-000000000000")
+    shutil.copytree(first, older)
+    config = json.loads((older / "config.json").read_text())
+    del config[loader.SOURCE_KEY]
+    (older / "config.json").write_text(json.dumps(config))
+    # another file's folder, which stays
+    other = first.with_name("tiny-111111111111")
+    shutil.copytree(first, other)
+    config[loader.SOURCE_KEY] = str(tmp_path / "elsewhere" / "tiny.gguf")
+    (other / "config.json").write_text(json.dumps(config))
     write_tiny_gguf(gguf_path, "qwen3", Q.F32)
     os.utime(gguf_path, ns=(time.time_ns(), time.time_ns() + 10**9))
     second = resolve_model(str(gguf_path), cache_dir=tmp_path / "cache")
     assert second.weights_dir != first and second.architecture == "Qwen3ForCausalLM"
-    # the folder of the file as it was is stale: removed, never read again
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [second.weights_dir.name]
+    # the folder of the file as it was is stale: removed, never read again; so is the older one
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(
+        [second.weights_dir.name, other.name]
+    )
 
 
 # --------------------------------------------------------------------------- HF folders
