@@ -20,7 +20,7 @@ converted GGUF exactly like a downloaded model:
 Weights are dequantized to float32: every Q4_0/Q4_1/Q8_0/F16/BF16 value is exactly
 representable there, so the HF weights equal what llama.cpp computes with (bfloat16 would round
 Q4_1's `d * q + m`). The cost is size, 4 bytes per parameter, hence the float copies of the
-coded weights only on demand (Qwen2.5-Coder-1.5B's folder: 1.9 GB without them, 9.3 GB with).
+coded weights only on demand (Qwen2.5-Coder-1.5B's folder: 2.3 GB without them, 8.9 GB with).
 
 `convert_gguf` writes into a folder its caller provides; making that write atomic and cached
 is loader.py's job, as is serialising `write_float_copies` between processes.
