@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -137,19 +137,26 @@ def write_float_copies(gguf_path: Path, folder: Path, max_shard_bytes: int = MAX
     missing = float_copies_missing(folder)
     if not missing:
         return 0
-    reader = open_gguf(gguf_path)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    model_type = config["model_type"]
-    wanted = [t for t in reader.tensors if hf_tensor_name(t.name, model_type) in missing]
-    found = {t.name: codes for t in wanted if (codes := block_codes(t)) is not None}
-
-    def known(tensor: GGUFTensor) -> np.ndarray | None:
-        return block_values(found[tensor.name]) if tensor.name in found else None
-
-    tensors = iter_hf_tensors(reader, config, known, include=missing.__contains__)
+    tensors = iter_float_weights(gguf_path, folder, include=missing.__contains__)
     written, size = _write_shards(tensors, folder, CODED_FLOAT_SHARDS, max_shard_bytes)
     _write_index(folder, {**index["weight_map"], **written}, index["metadata"]["total_size"] + size)
     return len(written)
+
+
+def iter_float_weights(
+    gguf_path: Path, folder: Path, include: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, float32 array) of every weight of the folder converted from `gguf_path` (those
+    `include` takes, if given), computed from the file one at a time: what its float files hold
+    (a reference model can be built from them in memory, writing nothing)."""
+    reader = open_gguf(gguf_path)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+
+    def known(tensor: GGUFTensor) -> np.ndarray | None:  # a block format's values from its codes
+        codes = block_codes(tensor)
+        return None if codes is None else block_values(codes)
+
+    yield from iter_hf_tensors(reader, config, known, include)
 
 
 def float_copies_missing(folder: Path) -> set[str]:

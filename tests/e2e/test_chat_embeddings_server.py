@@ -35,11 +35,12 @@ TEXTS = [
 def reference() -> tuple[list[list[int]], np.ndarray]:
     """(token ids, vectors) of TEXTS from transformers: float32 base model, mean, normalised."""
     transformers = pytest.importorskip("transformers")
-    from argosy.models.loader import float_folder, resolve_model
+    from argosy.models.loader import resolve_model
+    from tests.hf_reference import hf_model
 
-    folder = float_folder(resolve_model("smollm2"))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    source = resolve_model("smollm2")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source.weights_dir)
+    model = hf_model(source, base=True)
     ids = [tokenizer(text).input_ids for text in TEXTS]
     with torch.inference_mode():
         rows = [model(torch.tensor([i])).last_hidden_state[0].mean(dim=0) for i in ids]
@@ -139,12 +140,13 @@ def test_a_qwen_gguf_embeds_through_ollama(qwen_server: ServerProcess) -> None:
     """The session's Qwen2.5-Coder GGUF (its Q4_K_M blocks, the invariant numerics) against
     transformers' float32 base model on the dequantized weights: measured 0.99977 or more."""
     transformers = pytest.importorskip("transformers")
-    from argosy.models.loader import float_folder, resolve_model
+    from argosy.models.loader import resolve_model
     from tests.e2e.conftest import QWEN_SMALL
+    from tests.hf_reference import hf_model
 
-    folder = float_folder(resolve_model(QWEN_SMALL))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    source = resolve_model(QWEN_SMALL)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source.weights_dir)
+    model = hf_model(source, base=True)
     texts = [TEXTS[0], "def add(a, b):\n    return a + b"]
     with torch.inference_mode():
         rows = [model(torch.tensor([tokenizer(t).input_ids])).last_hidden_state[0].mean(dim=0) for t in texts]

@@ -29,7 +29,7 @@ from argosy.core.service import ModelService
 from argosy.engine.async_engine import AsyncEngine
 from argosy.engine.llm_engine import LLMEngine
 from argosy.errors import InvalidRequestError
-from argosy.models.loader import float_folder
+from tests.hf_reference import hf_model
 
 loader = pytest.importorskip("argosy.models.loader")
 transformers = pytest.importorskip("transformers")
@@ -48,7 +48,7 @@ KV_CACHE = 64 << 20
 @pytest.fixture(scope="module")
 def hf_vectors(smollm2_source, smollm2_hf_tokenizer) -> np.ndarray:  # type: ignore[no-untyped-def]
     """transformers' base model, float32: mean of last_hidden_state, normalised, one row a text."""
-    model = transformers.AutoModel.from_pretrained(float_folder(smollm2_source), dtype=torch.float32).eval()
+    model = hf_model(smollm2_source, base=True)
     rows = []
     with torch.inference_mode():
         for text in TEXTS:

@@ -48,8 +48,9 @@ def source():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def hf_model(source):  # type: ignore[no-untyped-def]
-    folder = loader.float_folder(source)  # the coded weights' float values, written on demand
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    from tests.hf_reference import hf_model as reference_model
+
+    return reference_model(source)
 
 
 @pytest.fixture(scope="module")

@@ -30,13 +30,13 @@ PROMPT = (
 @torch.inference_mode()
 def test_greedy_tokens_with_an_adapter_equal_transformers_with_peft(tmp_path: Path) -> None:
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
-    from argosy.models.loader import float_folder, resolve_model
+    from argosy.models.loader import resolve_model
+    from tests.hf_reference import hf_model
 
     source = resolve_model(MODEL)
     ids: list[int] = source.tokenizer.encode(PROMPT, add_special_tokens=False).ids
-    base = AutoModelForCausalLM.from_pretrained(float_folder(source), dtype=torch.float32).eval()
+    base = hf_model(source)
     torch.manual_seed(8)
     config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     reference = get_peft_model(base, config, autocast_adapter_dtype=False).eval()

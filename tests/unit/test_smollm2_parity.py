@@ -34,10 +34,9 @@ EOS = 2  # <|im_end|>
 
 @pytest.fixture(scope="module")
 def hf_model(smollm2_source):  # type: ignore[no-untyped-def]
-    model = transformers.LlamaForCausalLM.from_pretrained(
-        loader.float_folder(smollm2_source), dtype=torch.float32
-    ).eval()
-    return model
+    from tests.hf_reference import hf_model as reference_model
+
+    return reference_model(smollm2_source)
 
 
 @pytest.fixture(scope="module")
