@@ -30,7 +30,8 @@ def built() -> None:
     assert load_invariant_ops(), "the invariant kernels did not build (see the log)"
 
 
-ROW_COUNTS = [1, 2, 3, 4, 5, 7, 8, 13, 33]
+# 33..43: the AVX-512 Q4 kernel for many rows (from 32) with each remainder of its 6-row blocks
+ROW_COUNTS = [1, 2, 3, 4, 5, 7, 8, 13, 33, 40, 43]
 
 
 @pytest.fixture
@@ -89,6 +90,22 @@ def test_q4_every_path_gives_the_reference_bits_for_any_row_count(paths: list[st
         assert torch.equal(bits(alone), bits(reference)), path
         reversed_rows = q4(x.flip(0).contiguous(), layout, n).flip(0)
         assert torch.equal(bits(reversed_rows), bits(reference)), path
+
+
+@pytest.mark.parametrize("fine", [False, True])
+def test_q4_a_long_prefill_in_passes_gives_the_reference_bits(paths: list[str], fine: bool) -> None:
+    """150 rows of 8,192 inputs: the AVX-512 kernel takes x in passes of 128 rows (what fits L2),
+    over 3 tiles of outputs (one left over by its blocks of 2)."""
+    n, k = 48, 8192
+    codes, d, m = q4_weight(n, k, seed=5 + fine)
+    layout = invariant_q4_layout(codes, d, m)
+    x = rows(150, k, seed=17)
+    torch.ops.argosy_iq.set_path("scalar")
+    reference = torch.ops.argosy_iq.q4_linear(x, *layout, n, True, fine)
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        got = torch.ops.argosy_iq.q4_linear(x, *layout, n, True, fine)
+        assert torch.equal(bits(got), bits(reference)), path
 
 
 def test_rows_quantize_alike_on_every_path_at_ties_and_extremes(paths: list[str]) -> None:
