@@ -26,7 +26,7 @@ from tokenizers import processors
 
 from argosy.errors import ModelLoadError, NotFoundError
 from argosy.models import loader
-from argosy.models.gguf_convert import coded_weight_names, convert_gguf, float_copies_missing
+from argosy.models.gguf_convert import convert_gguf
 from argosy.models.hf_folder import load_hf_folder
 from argosy.models.loader import ensure_float_copies, resolve_model
 from argosy.models.source import ModelSource
@@ -134,43 +134,7 @@ def test_smollm2_source_fields(smollm2: ModelSource) -> None:
     assert config[loader.SOURCE_KEY] == str(_smollm2_gguf().resolve())
 
 
-def test_the_coded_weights_float_copies_are_written_on_demand(tmp_path: Path) -> None:
-    source = resolve_model("smollm2", cache_dir=tmp_path)
-    folder = source.weights_dir
-    # The conversion holds the file's own 4-bit blocks, the Q8_0 table's codes, and in float32
-    # only the weights without codes (the norms): 0.11 GB, not 0.65.
-    assert sorted(p.name for p in folder.iterdir()) == [
-        "argosy-blocks.safetensors",
-        "argosy-int4.safetensors",
-        "config.json",
-        "generation_config.json",
-        "model-00001-of-00001.safetensors",
-        "model.safetensors.index.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    ]
-    floats = load_numpy(str(folder / "model-00001-of-00001.safetensors"))
-    assert sorted(floats) == sorted(n for n in EXPECTED_SMOLLM2_NAMES if n.endswith("norm.weight"))
-    coded = coded_weight_names(folder)
-    assert len(coded) == 30 * 7 + 1 and float_copies_missing(folder) == coded
-
-    ensure_float_copies(source)
-    assert float_copies_missing(folder) == set()
-    index = json.loads((folder / "model.safetensors.index.json").read_text())
-    assert sorted(index["weight_map"]) == sorted(EXPECTED_SMOLLM2_NAMES)
-    assert set(index["weight_map"].values()) == {
-        "model-00001-of-00001.safetensors",
-        "model-of-codes-00001-of-00001.safetensors",
-    }
-    sizes = sum(v.nbytes for v in _floats(folder).values())
-    assert index["metadata"]["total_size"] == sizes
-    written = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
-    ensure_float_copies(source)  # once only
-    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == written
-    shutil.rmtree(folder)  # 0.65 GB: not kept with the test's other temporary files
-
-
-def _floats(folder: Path) -> dict[str, np.ndarray]:
+def float_weights(folder: Path) -> dict[str, np.ndarray]:
     """Every float32 weight of a folder (after ensure_float_copies)."""
     weights: dict[str, np.ndarray] = {}
     for file in sorted(folder.glob("model*.safetensors")):
@@ -185,7 +149,7 @@ def test_smollm2_weights_equal_transformers_gguf_load(smollm2: ModelSource, smol
     expected = {name: t.detach().numpy() for name, t in reference.state_dict().items()}
     expected.pop("lm_head.weight")  # tied to the embedding: not stored
     ensure_float_copies(smollm2)
-    ours = _floats(smollm2.weights_dir)
+    ours = float_weights(smollm2.weights_dir)
     assert sorted(ours) == sorted(expected) == sorted(EXPECTED_SMOLLM2_NAMES)
     for name, values in ours.items():
         assert values.dtype == np.float32
@@ -421,7 +385,7 @@ def test_tiny_gguf_round_trip(
     assert source.hf_config["num_key_value_heads"] == NUM_KV_HEADS
     assert source.hf_config["rope_theta"] == 1000000.0 and source.hf_config["rms_norm_eps"] == 1e-6
     ensure_float_copies(source)
-    ours = _floats(source.weights_dir)
+    ours = float_weights(source.weights_dir)
     assert sorted(ours) == sorted(expected)
     for name, values in ours.items():
         # Exact: the values llama.cpp would compute with, in HF row order (q/k un-permuted).
@@ -651,36 +615,3 @@ def test_unsupported_gguf_architecture_is_a_load_error(tmp_path: Path) -> None:
 def test_folder_without_config_is_a_load_error(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match=r"no config\.json"):
         resolve_model(str(tmp_path))
-
-
-def test_two_loads_asking_for_the_float_copies_at_once_write_them_once(tmp_path: Path) -> None:
-    """ensure_float_copies locks the folder: the second caller waits, then finds them written."""
-    import threading
-
-    gguf_path = tmp_path / "tiny.gguf"
-    expected = write_tiny_gguf(gguf_path, "qwen2", Q.Q8_0)
-    source = resolve_model(str(gguf_path), cache_dir=tmp_path / "cache")
-    folder = source.weights_dir
-    assert float_copies_missing(folder) == coded_weight_names(folder) != set()
-    calls: list[int] = []
-    real = loader.write_float_copies
-
-    def counted(gguf_file: Path, into: Path) -> int:
-        calls.append(real(gguf_file, into))
-        return calls[-1]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(loader, "write_float_copies", counted)
-        threads = [threading.Thread(target=ensure_float_copies, args=(source,)) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    # the first wrote every coded weight; the second, let in after it, found none missing (or
-    # saw them written before it asked for the lock)
-    assert calls in ([len(coded_weight_names(folder))], [len(coded_weight_names(folder)), 0])
-    ours = _floats(folder)
-    assert sorted(ours) == sorted(expected)
-    for name, values in ours.items():
-        np.testing.assert_array_equal(values, expected[name], err_msg=name)
-    assert not list(folder.glob("*.partial"))
