@@ -778,11 +778,7 @@ void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
             kq_avx512_tile<R, 1, Bits, H, Mins, Kind, Fine>(codes, bytes, xq, xlo, k, dx, ux, st, groups, res);
           for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
         };
-        int64_t r0 = p0;
-        for (; r0 + RB <= p1; r0 += RB) block(r0, std::integral_constant<int, RB>{});
-        if (RB > 4 && r0 + 4 <= p1) block(r0, std::integral_constant<int, 4>{}), r0 += 4;
-        if (r0 + 2 <= p1) block(r0, std::integral_constant<int, 2>{}), r0 += 2;
-        if (r0 < p1) block(r0, std::integral_constant<int, 1>{});
+        for_rows_in_blocks_of<RB>(p0, p1, block);
       });
     }
     return;

@@ -207,6 +207,17 @@ inline void for_row_blocks(int64_t rows, Run&& run) {
   if (r < rows) run(r, std::integral_constant<int, 1>{});
 }
 
+// rows [r0, r1) in blocks of RB, then one block each of 4 (below RB), 2 and 1 rows for the rest
+// (the prefill kernels' row blocks): run(first_row, constant)
+template <int RB, typename Run>
+inline void for_rows_in_blocks_of(int64_t r0, int64_t r1, Run&& run) {
+  for (; r0 + RB <= r1; r0 += RB) run(r0, std::integral_constant<int, RB>{});
+  if constexpr (RB > 4)
+    if (r0 + 4 <= r1) run(r0, std::integral_constant<int, 4>{}), r0 += 4;
+  if (r0 + 2 <= r1) run(r0, std::integral_constant<int, 2>{}), r0 += 2;
+  if (r0 < r1) run(r0, std::integral_constant<int, 1>{});
+}
+
 Output make_output(at::Tensor& out, int64_t path) {
   Output o;
   o.ld = out.size(1);
