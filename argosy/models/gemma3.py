@@ -86,6 +86,8 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 
 class GeGLU(MLP):
+    swiglu_with_projection = False
+
     def activation(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return gelu_tanh(gate) * up
 

@@ -208,7 +208,15 @@ class MLP(nn.Module):
         # the invariant mode (set by build): an activation with an invariant native op uses it
         self.invariant_ops = False
 
+    # the activation is SwiGLU, which a packed gate_up projection can compute with itself
+    swiglu_with_projection = True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.invariant_ops and self.swiglu_with_projection:
+            swiglu = getattr(self.gate_up_proj, "swiglu", None)  # Int8Linear (not LoRA's wrapper)
+            fused = None if swiglu is None else swiglu(x)
+            if fused is not None:  # the bits of the two steps below
+                return self.down_proj(fused)
         gate_up = self.gate_up_proj(x)
         if self.invariant_ops:  # one pass, rounded once, the same bits on every path and graph
             shape = gate_up.shape

@@ -223,8 +223,23 @@ def _register_invariant_fakes() -> None:
         return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
 
     @torch.library.register_fake("argosy_iq::kq_linear")
-    def _(x, nib, high, scales, scale_d, mins, min_d, bits, bias, out_features, out_float32, fine=False):  # type: ignore[no-untyped-def]
-        return x.new_empty(x.shape[0], out_features, dtype=out_dtype(x, out_float32))
+    def _(
+        x,
+        nib,
+        high,
+        scales,
+        scale_d,
+        mins,
+        min_d,
+        bits,
+        bias,
+        out_features,
+        out_float32,
+        fine=False,
+        swiglu=False,
+    ):  # type: ignore[no-untyped-def]
+        width = out_features // 2 if swiglu else out_features
+        return x.new_empty(x.shape[0], width, dtype=out_dtype(x, out_float32))
 
 
 def invariant_ops_ready() -> bool:

@@ -196,7 +196,7 @@ class PackedCodes:
         )
 
     def linear(
-        self, x: torch.Tensor, out_features: int, out_float32: bool, fine: bool = False
+        self, x: torch.Tensor, out_features: int, out_float32: bool, fine: bool = False, swiglu: bool = False
     ) -> torch.Tensor:
         out: torch.Tensor = torch.ops.argosy_iq.kq_linear(
             x,
@@ -211,6 +211,7 @@ class PackedCodes:
             out_features,
             out_float32,
             fine,
+            swiglu,
         )
         return out
 

@@ -351,24 +351,40 @@ class Int8Linear(nn.Module):
         part.out_features = n
         return part
 
+    def _kq_linear(self, x2: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+        assert self.packed is not None
+        out: torch.Tensor = torch.ops.argosy_iq.kq_linear(
+            x2.contiguous(),
+            self.kq_nib,
+            self.kq_high,
+            self.kq_scales,
+            self.kq_scale_d,
+            self.kq_mins,
+            self.kq_min_d,
+            self.packed.bits,
+            self.packed.bias,
+            self.out_features,
+            self.float_output,
+            self.fine,
+            swiglu,
+        )
+        return out
+
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """SwiGLU of this gate_up projection's halves, computed with it (kq_linear's swiglu form:
+        each gate tile beside its up tile, no [rows, 2I] tensor written and read again): the
+        bits argosy_iq.swiglu gives on forward(x). None where the form does not serve (codes not
+        held packed, a bias, x not float32)."""
+        if self.packed is None or self.bias is not None or self.out_features % 32 or x.dtype != torch.float32:
+            return None
+        out = self._kq_linear(x.reshape(-1, self.in_features), swiglu=True)
+        return out.view(*x.shape[:-1], self.out_features // 2)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
         if self.packed is not None:
-            out = torch.ops.argosy_iq.kq_linear(
-                x2.contiguous(),
-                self.kq_nib,
-                self.kq_high,
-                self.kq_scales,
-                self.kq_scale_d,
-                self.kq_mins,
-                self.kq_min_d,
-                self.packed.bits,
-                self.packed.bias,
-                self.out_features,
-                self.float_output,
-                self.fine,
-            )
+            out = self._kq_linear(x2)
         elif self.invariant:
             out = torch.ops.argosy_iq.q8_linear(
                 x2.contiguous(),

@@ -121,6 +121,49 @@ def test_every_path_gives_the_int8_forms_reference_bits(paths: list[str], fmt: s
         assert torch.equal(bits(rounded), bits(reference.bfloat16())), path
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("fine", [False, True])
+def test_the_swiglu_form_gives_swiglus_bits_on_the_outputs(paths: list[str], fmt: str, fine: bool) -> None:
+    """kq_linear's swiglu form (a gate tile beside its up tile in the AMX kernel from 12 rows and
+    the AVX-512 VNNI tiles from 16; else the whole output, then swiglu's work) gives the bits of
+    argosy_iq.swiglu on the plain output, at every row count, on every path; 3 gate tiles (an odd
+    count), and 150 rows of 8,192 inputs (passes of 128 rows)."""
+    torch.ops.argosy_iq.set_path("auto")
+    for n, k, counts in ((96, 512, [*ROW_COUNTS, 12, 15, 16, 17]), (32, 8192, [150])):
+        weight, super_scales = kquant(fmt, n, k, seed=11 + fine)
+        kq = packed(weight, super_scales)
+        x = rows(max(counts), k, seed=5).float()
+        for path in paths:
+            torch.ops.argosy_iq.set_path(path)
+            for count in counts:
+                plain = kq.linear(x[:count], n, True, fine=fine)
+                fused = kq.linear(x[:count], n, True, fine=fine, swiglu=True)
+                assert fused.shape == (count, n // 2)
+                assert torch.equal(bits(fused), bits(torch.ops.argosy_iq.swiglu(plain))), (path, n, count)
+
+
+def test_the_swiglu_form_refuses_what_it_cannot_give() -> None:
+    weight, super_scales = kquant("q4_k", 48, 256, seed=1)
+    kq = packed(weight, super_scales)
+    x = rows(20, 256, seed=2)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kq.linear(x.float(), 48, True, swiglu=True)
+    weight, super_scales = kquant("q4_k", 64, 256, seed=1)
+    kq = packed(weight, super_scales)
+    with pytest.raises(RuntimeError, match="float32"):
+        kq.linear(x, 64, False, swiglu=True)  # bf16 in, bf16 out
+    layer = Int8Linear(
+        None,
+        None,
+        torch.bfloat16,
+        invariant=True,
+        blocks=BlockCodes(weight.codes, weight.scales, weight.mins, super_scales),
+    )
+    assert layer.swiglu(x) is None  # x not float32: the two steps
+    fused = layer.swiglu(x.float())
+    assert fused is not None and torch.equal(bits(fused), bits(torch.ops.argosy_iq.swiglu(layer(x.float()))))
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_planes_give_the_codes_and_the_values_back(fmt: str) -> None:
     n, k = 64, 256

@@ -12,8 +12,7 @@
 // values instead of aten's three (gelu, its bf16 copy, the product) in the eager prefill.
 //
 // argosy_iq::swiglu(gate_up) -> [T, I]: the same for SwiGLU (Llama's, Qwen's, SmolLM's
-// feed-forward): out = silu(g) * u = (g * s) * u, where with e = exp_argosy(-|g|)
-// s = (g >= 0 ? 1 : e) / (1 + e) (the sigmoid, exp's argument never positive). aten's silu of
+// feed-forward): out = silu(g) * u, its statement in iq_swiglu.h. aten's silu of
 // the strided gate half then the product, bf16 [1,000, 2 x 8,960] (the 1.5B's prefill chunk):
 // 3.7-5.7 ms, this op 2.3 (AVX-512 EPYC, 2 threads): a few % of the prefill.
 
@@ -30,6 +29,7 @@
 
 #include "iq_common.h"
 #include "iq_exp.h"
+#include "iq_swiglu.h"
 
 namespace {
 
@@ -44,12 +44,6 @@ inline float geglu_scalar(float g, float u) {
   const float e = exp_scalar(-(a + a));
   const float t = std::copysign((1.0f - e) / (1.0f + e), v);
   return ((0.5f * g) * (1.0f + t)) * u;
-}
-
-inline float swiglu_scalar(float g, float u) {
-  const float e = exp_scalar(-std::fabs(g));
-  const float s = (g >= 0.0f ? 1.0f : e) / (1.0f + e);
-  return (g * s) * u;
 }
 
 #define ARGOSY_GEGLU512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -78,23 +72,6 @@ ARGOSY_GEGLU256 inline __m256 geglu256(__m256 g, __m256 u) {
   const __m256 mag = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
   const __m256 t = _mm256_or_ps(mag, _mm256_and_ps(v, sign));
   return _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), g), _mm256_add_ps(one, t)), u);
-}
-
-ARGOSY_GEGLU512 inline __m512 swiglu512(__m512 g, __m512 u) {
-  const __m512i sign = _mm512_set1_epi32(static_cast<int32_t>(0x80000000u));
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 e = exp512(_mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(g), sign)));  // -|g|
-  const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-  const __m512 s = _mm512_div_ps(_mm512_mask_blend_ps(negative, one, e), _mm512_add_ps(one, e));
-  return _mm512_mul_ps(_mm512_mul_ps(g, s), u);
-}
-
-ARGOSY_GEGLU256 inline __m256 swiglu256(__m256 g, __m256 u) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 e = exp256(_mm256_or_ps(g, _mm256_set1_ps(-0.0f)));  // -|g|
-  const __m256 negative = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
-  const __m256 s = _mm256_div_ps(_mm256_blendv_ps(one, e, negative), _mm256_add_ps(one, e));
-  return _mm256_mul_ps(_mm256_mul_ps(g, s), u);
 }
 
 // the activations, each on 1, 8 or 16 values with the same operations
@@ -202,6 +179,14 @@ at::Tensor gated(const at::Tensor& gate_up, const char* op) {
              reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), rows, inter, path);
   return out;
 }
+
+}  // namespace
+
+void argosy_iq::swiglu_rows(const float* gate_up, float* out, int64_t rows, int64_t inter, int64_t path) {
+  run<Swiglu>(gate_up, out, rows, inter, path);
+}
+
+namespace {
 
 at::Tensor geglu(const at::Tensor& gate_up) { return gated<Geglu>(gate_up, "geglu"); }
 at::Tensor swiglu(const at::Tensor& gate_up) { return gated<Swiglu>(gate_up, "swiglu"); }

@@ -791,9 +791,10 @@ void q4_run(const LinearCall& call, int64_t tiles, int64_t groups, const uint8_t
             q4_avx512_tile<R, 2, Fine>(buffer.get(), bytes, xq, xlo, k, dx, ux, sq, groups, res);
           else
             q4_avx512_tile<R, 1, Fine>(buffer.get(), bytes, xq, xlo, k, dx, ux, sq, groups, res);
-          for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
+          for (int r = 0; r < R; ++r) put_row_streamed(o, r0 + r, t0 * kTile, res + r * width, width);
         };
         for_rows_in_blocks_of<RB>(p0, p1, block);
+        _mm_sfence();  // the streamed stores done before the threads join
       });
     }
     return;

@@ -44,6 +44,7 @@
 
 #include "iq_common.h"
 #include "iq_rows.h"
+#include "iq_swiglu.h"
 
 namespace {
 
@@ -506,6 +507,22 @@ ARGOSY_KQ_AVX512 void kq_avx512_tile(const uint8_t* codes, int64_t bytes, const 
     for (int t = 0; t < T; ++t) _mm512_storeu_ps(res + (r * T + t) * kTile, acc[r][t]);
 }
 
+// the swiglu form's outputs: SwiGLU of a gate value and the up value computed beside it (the
+// statement of argosy_iq::swiglu, iq_swiglu.h: the bits swiglu gives on the two outputs), by
+// non-temporal stores where the output allows (the caller then calls _mm_sfence). R rows of a
+// gate tile and its up tile side by side in res ([R, 2, 16]), 16 outputs at column col
+ARGOSY_KQ_AVX512 void put_swiglu_rows(const Output& o, int64_t r0, int R, int64_t col, const float* res) {
+  const bool stream = o.streamable();
+  for (int r = 0; r < R; ++r) {
+    const __m512 v = swiglu512(_mm512_load_ps(res + 32 * r), _mm512_load_ps(res + 32 * r + 16));
+    float* to = o.f + (r0 + r) * o.ld + col;
+    if (stream)
+      _mm512_stream_ps(to, v);
+    else
+      _mm512_storeu_ps(to, v);
+  }
+}
+
 // -- AMX-INT8: steps of many rows -------------------------------------------------------------
 //
 // A tile's codes are unpacked once into B tiles as signed codes q = u - bias (line e of group g
@@ -593,66 +610,104 @@ ARGOSY_AMX inline void kq_amx_issue(const int8_t* xp, const int8_t* xlp, const u
     kq_amx_issue<Part, H, Fine, false>(xp, xlp, b, at, k, i, dots[0], dots_lo[0]);
 }
 
+// the AMX kernel's 16-row block in the swiglu form: the gate tile's rows in gate ([16, 16]), the
+// up tile's in acc, nr of them real
+ARGOSY_AMX inline void put_swiglu_tile_rows(const Output& out, int64_t r0, int64_t nr, int64_t col, const float* gate,
+                                            const __m512* acc) {
+  const bool stream = out.streamable();
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) {
+    if (r >= nr) break;
+    const __m512 v = swiglu512(_mm512_load_ps(gate + 16 * r), acc[r]);
+    float* to = out.f + (r0 + r) * out.ld + col;
+    if (stream)
+      _mm512_stream_ps(to, v);
+    else
+      _mm512_storeu_ps(to, v);
+  }
+}
+
 // tiles [t0, t1) x every row; xp: x's codes padded to a multiple of 16 rows (xlp: the fine
 // form's lo bytes so); dxt, uxt: x's scales and sums per 16-row block, weight group and row
-// ([rows / 16, groups, 16], zero past the last row: padded rows add exact zeros)
+// ([rows / 16, groups, 16], zero past the last row: padded rows add exact zeros). The swiglu
+// form (half: the gate's tiles, else 0): tile t is the gate's, t + half the up's, and a 16-row
+// block's SwiGLU of the two is stored at tile t's place
 template <int Bits, int H, bool Mins, int Kind, bool Fine>
 ARGOSY_AMX void kq_amx(const int8_t* xp, const int8_t* xlp, const float* dxt, const float* uxt, int64_t row0,
-                       int64_t rows, const PackedW& w, int64_t t0, int64_t t1, const Output& out) {
+                       int64_t rows, const PackedW& w, int64_t t0, int64_t t1, const Output& out, int64_t half) {
   const int64_t groups = w.groups, k = groups * kGroup, steps = groups * H;
+  const int parts = half > 0 ? 2 : 1;
   // a tile's signed codes, then its scales per step and its mins per group as 16 floats each
-  std::vector<uint8_t> storage(static_cast<size_t>(groups * 512 + (steps + groups) * 64 + 64));
-  uint8_t* b = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
-  float* scales = reinterpret_cast<float*>(b + groups * 512);
-  float* mins = scales + steps * kTile;
+  const int64_t part_bytes = groups * 512 + (steps + groups) * 64;
+  std::vector<uint8_t> storage(static_cast<size_t>(parts * part_bytes + 64));
+  uint8_t* const first = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
   alignas(64) int32_t dots[2][16 * 16];
   alignas(64) int32_t dots_lo[2][16 * 16];
   alignas(64) float res[16 * 16];
+  alignas(64) float gate[16 * 16];
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(w.bias));
   kq_amx_configure<H, Fine>();
   for (int64_t t = t0; t < t1; ++t) {
-    for (int64_t g = 0; g < groups; ++g) {
-      for (int e = 0; e < 8; ++e)
-        _mm512_store_si512(b + g * 512 + e * 64, _mm512_sub_epi8(codes_512<Bits>(w, t, g, e), bias));
-      if constexpr (Mins) _mm512_store_ps(mins + g * kTile, scales_16<Kind>(w.m, t, g));
+    for (int part = 0; part < parts; ++part) {
+      const int64_t tile = t + part * half;
+      uint8_t* b = first + part * part_bytes;
+      float* scales = reinterpret_cast<float*>(b + groups * 512);
+      float* mins = scales + steps * kTile;
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int e = 0; e < 8; ++e)
+          _mm512_store_si512(b + g * 512 + e * 64, _mm512_sub_epi8(codes_512<Bits>(w, tile, g, e), bias));
+        if constexpr (Mins) _mm512_store_ps(mins + g * kTile, scales_16<Kind>(w.m, tile, g));
+      }
+      for (int64_t i = 0; i < steps; ++i) _mm512_store_ps(scales + i * kTile, scales_16<Kind>(w.s, tile, i));
     }
-    for (int64_t i = 0; i < steps; ++i) _mm512_store_ps(scales + i * kTile, scales_16<Kind>(w.s, t, i));
     ARGOSY_MEMORY_BARRIER();
     for (int64_t r0 = row0; r0 < rows; r0 += 16) {
       const int64_t nr = std::min<int64_t>(16, rows - r0);
       const float* dx_block = dxt + r0 * groups;
       const float* ux_block = uxt + r0 * groups;
       __m512 acc[16];
+      for (int part = 0; part < parts; ++part) {
+        const uint8_t* b = first + part * part_bytes;
+        const float* scales = reinterpret_cast<const float*>(b + groups * 512);
+        const float* mins = scales + steps * kTile;
+        if (part == 1) {  // the gate tile's rows, done
 #pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
-      kq_amx_issue<0, H, Fine>(xp, xlp, b, r0 * k, k, 0, dots, dots_lo);
-      for (int64_t i = 0; i < steps; ++i) {
-        if (i + 1 < steps) kq_amx_issue<1, H, Fine>(xp, xlp, b, r0 * k, k, i + 1, dots, dots_lo);
-        ARGOSY_MEMORY_BARRIER();
-        const int64_t g = i / H;
-        const float* dx = dx_block + g * kTile;
-        const int32_t* d = dots[i & 1];
-        const int32_t* d_lo = dots_lo[i & 1];
-        const __m512 s = _mm512_load_ps(scales + i * kTile);
-#pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r) {
-          __m512i dot = _mm512_load_si512(d + 16 * r);
-          if constexpr (Fine)
-            dot = _mm512_add_epi32(_mm512_slli_epi32(dot, kFineShift), _mm512_load_si512(d_lo + 16 * r));
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s, _mm512_set1_ps(dx[r])), _mm512_cvtepi32_ps(dot), acc[r]);
+          for (int r = 0; r < 16; ++r) _mm512_store_ps(gate + 16 * r, acc[r]);
         }
-        if constexpr (Mins) {
-          if (i % H == H - 1) {
-            const __m512 m = _mm512_load_ps(mins + g * kTile);
-            const float* ux = ux_block + g * kTile;
 #pragma GCC unroll 16
-            for (int r = 0; r < 16; ++r) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(ux[r]), acc[r]);
+        for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+        kq_amx_issue<0, H, Fine>(xp, xlp, b, r0 * k, k, 0, dots, dots_lo);
+        for (int64_t i = 0; i < steps; ++i) {
+          if (i + 1 < steps) kq_amx_issue<1, H, Fine>(xp, xlp, b, r0 * k, k, i + 1, dots, dots_lo);
+          ARGOSY_MEMORY_BARRIER();
+          const int64_t g = i / H;
+          const float* dx = dx_block + g * kTile;
+          const int32_t* d = dots[i & 1];
+          const int32_t* d_lo = dots_lo[i & 1];
+          const __m512 s = _mm512_load_ps(scales + i * kTile);
+#pragma GCC unroll 16
+          for (int r = 0; r < 16; ++r) {
+            __m512i dot = _mm512_load_si512(d + 16 * r);
+            if constexpr (Fine)
+              dot = _mm512_add_epi32(_mm512_slli_epi32(dot, kFineShift), _mm512_load_si512(d_lo + 16 * r));
+            acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s, _mm512_set1_ps(dx[r])), _mm512_cvtepi32_ps(dot), acc[r]);
           }
+          if constexpr (Mins) {
+            if (i % H == H - 1) {
+              const __m512 m = _mm512_load_ps(mins + g * kTile);
+              const float* ux = ux_block + g * kTile;
+#pragma GCC unroll 16
+              for (int r = 0; r < 16; ++r) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(ux[r]), acc[r]);
+            }
+          }
+          ARGOSY_MEMORY_BARRIER();
+          if (i + 1 < steps) kq_amx_issue<2, H, Fine>(xp, xlp, b, r0 * k, k, i + 1, dots, dots_lo);
         }
-        ARGOSY_MEMORY_BARRIER();
-        if (i + 1 < steps) kq_amx_issue<2, H, Fine>(xp, xlp, b, r0 * k, k, i + 1, dots, dots_lo);
       }
-      put_tile_rows(out, r0, nr, t * kTile, acc, res);
+      if (parts == 2)
+        put_swiglu_tile_rows(out, r0, nr, t * kTile, gate, acc);
+      else
+        put_tile_rows(out, r0, nr, t * kTile, acc, res);
     }
   }
   _mm_sfence();  // the streamed stores are weakly ordered: done before the threads join
@@ -699,21 +754,34 @@ void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
     // 227 tok/s in 1,024-token chunks and 300 in 256-token ones.
     const int64_t x_bytes = k * (Fine ? 2 : 1);
     const int64_t pass = std::max<int64_t>(kKqAmxPassMinRows, kKqAmxPassBytes / x_bytes / 16 * 16);
-    const int64_t grain = std::max<int64_t>(1, tiles / (4 * at::get_num_threads()));
+    const int64_t half = call.swiglu ? tiles / 2 : 0, blocks = call.swiglu ? half : tiles;
+    const int64_t grain = std::max<int64_t>(1, blocks / (4 * at::get_num_threads()));
     for (int64_t p0 = 0; p0 < rows; p0 += pass) {
       const int64_t p1 = std::min(rows, p0 + pass);
-      at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
-        kq_amx<Bits, H, Mins, Kind, Fine>(xp.get(), xlp.get(), dxt.get(), uxt.get(), p0, p1, w, t0, t1, o);
+      at::parallel_for(0, blocks, grain, [&](int64_t t0, int64_t t1) {
+        kq_amx<Bits, H, Mins, Kind, Fine>(xp.get(), xlp.get(), dxt.get(), uxt.get(), p0, p1, w, t0, t1, o, half);
       });
     }
     return;
   }
   // per row and weight group: -bias times the sum of xq over it (u . xq + start = q . xq)
+  // (one weight group to a group of x: the quantization's sum of the group's codes)
   std::vector<int32_t> start(static_cast<size_t>(rows * groups * H));
   at::parallel_for(0, rows, std::max<int64_t>(1, 64 / std::max<int64_t>(1, k / 1024)), [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0 * groups * H; i < r1 * groups * H; ++i) {  // rows are contiguous: [r, g, h] is i
       int32_t sum = 0;
-      for (int64_t b = 0; b < kGroup / H; ++b) sum += xr.code(i * (kGroup / H) + b);
+      if constexpr (H == 1) {
+        sum = xr.sq[static_cast<size_t>(i)];
+      } else {
+        const int8_t* q = xr.q.data() + i * (kGroup / H);
+        for (int64_t b = 0; b < kGroup / H; ++b) sum += q[b];
+        if (xr.fine()) {  // c = hi * 2^shift + lo
+          const int8_t* lo = xr.lo.data() + i * (kGroup / H);
+          int32_t lo_sum = 0;
+          for (int64_t b = 0; b < kGroup / H; ++b) lo_sum += lo[b];
+          sum = sum * (1 << kFineShift) + lo_sum;
+        }
+      }
       start[static_cast<size_t>(i)] = -w.bias * sum;
     }
   });
@@ -748,23 +816,27 @@ void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
   if (path >= kAvx512 && rows >= kKqAvx512TileMinRows) {
     // rows a pass: their x (both planes of the fine form) within ~1 MB of L2
     const int64_t pass = std::max<int64_t>(kKqAmxPassMinRows, kKqAmxPassBytes / (k * (Fine ? 2 : 1)));
+    // the swiglu form: the gate's tile t and the up's tile t + half together
+    const int64_t half = call.swiglu ? tiles / 2 : 0;
     for (int64_t p0 = 0; p0 < rows; p0 += pass) {
       const int64_t p1 = std::min(rows, p0 + pass);
-      const int64_t per_block = tiles % 2 == 0 ? 2 : 1;
-      for_tile_blocks(tiles, per_block, [&](int64_t t0, int64_t t1) {
+      const int64_t per_block = call.swiglu || tiles % 2 != 0 ? 1 : 2;
+      for_tile_blocks(call.swiglu ? half : tiles, per_block, [&](int64_t t0, int64_t t1) {
+        const int64_t count = call.swiglu ? 2 : t1 - t0;  // tiles in the buffer
         // each tile's codes (512 bytes a weight group), then its scales and mins as floats
         const int64_t bytes = groups * (512 + (H + 1) * kTile * 4);
         std::unique_ptr<uint8_t[], void (*)(void*)> buffer(
-            static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes * (t1 - t0)))), std::free);
+            static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(bytes * count))), std::free);
         uint8_t* codes = buffer.get();
-        for (int64_t t = t0; t < t1; ++t) {
-          uint8_t* at = codes + (t - t0) * bytes;
+        for (int64_t j = 0; j < count; ++j) {
+          uint8_t* at = codes + j * bytes;
           float* scales = reinterpret_cast<float*>(at + groups * 512);
-          kq_avx512_unpack<Bits, H, Mins, Kind>(w, t, at, scales, scales + groups * H * kTile);
+          kq_avx512_unpack<Bits, H, Mins, Kind>(w, call.swiglu ? t0 + j * half : t0 + j, at, scales,
+                                                scales + groups * H * kTile);
         }
         constexpr int RB = Fine ? 4 : 6;
-        float res[RB * 2 * kTile];
-        const int64_t width = (t1 - t0) * kTile;
+        alignas(64) float res[RB * 2 * kTile];
+        const int64_t width = count * kTile;
         auto block = [&](int64_t r0, auto rows_constant) {
           constexpr int R = decltype(rows_constant)::value;
           const int8_t* xq = xr.q.data() + r0 * k;
@@ -772,13 +844,17 @@ void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
           const float* dx = xr.dx.data() + r0 * groups;
           const float* ux = xr.ux.data() + r0 * groups;
           const int32_t* st = start.data() + r0 * groups * H;
-          if (t1 - t0 == 2)
+          if (count == 2)
             kq_avx512_tile<R, 2, Bits, H, Mins, Kind, Fine>(codes, bytes, xq, xlo, k, dx, ux, st, groups, res);
           else
             kq_avx512_tile<R, 1, Bits, H, Mins, Kind, Fine>(codes, bytes, xq, xlo, k, dx, ux, st, groups, res);
-          for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
+          if (call.swiglu)
+            put_swiglu_rows(o, r0, R, t0 * kTile, res);
+          else
+            for (int r = 0; r < R; ++r) put_row_streamed(o, r0 + r, t0 * kTile, res + r * width, width);
         };
         for_rows_in_blocks_of<RB>(p0, p1, block);
+        _mm_sfence();  // the streamed stores done before the threads join
       });
     }
     return;
@@ -863,7 +939,7 @@ ScaleRef scale_ref(const at::Tensor& values, const std::optional<at::Tensor>& d,
 at::Tensor kq_linear(const at::Tensor& x, const at::Tensor& nib, const std::optional<at::Tensor>& high,
                      const at::Tensor& scales, const std::optional<at::Tensor>& scale_d,
                      const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& min_d, int64_t bits,
-                     int64_t bias, int64_t out_features, bool out_float32, bool fine) {
+                     int64_t bias, int64_t out_features, bool out_float32, bool fine, bool swiglu) {
   TORCH_CHECK(nib.scalar_type() == at::kByte && nib.dim() == 5 && nib.size(2) == 4 && nib.size(3) == 16 &&
                   nib.size(4) == 4 && nib.is_contiguous(),
               "kq_linear: nib must be contiguous uint8 [N/16, K/32, 4, 16, 4]");
@@ -891,8 +967,19 @@ at::Tensor kq_linear(const at::Tensor& x, const at::Tensor& nib, const std::opti
     w.m.negate = w.m.d != nullptr;
   }
   const int kind = w.s.d == nullptr ? kHalfScales : scales.scalar_type() == at::kByte ? kSuperU8 : kSuperI8;
-  const LinearCall call(x, k, groups, out_features, out_float32, "kq_linear", fine);
-  if (call.rows == 0) return call.out;
+  if (swiglu) {
+    TORCH_CHECK(out_features % 32 == 0, "kq_linear: the swiglu form needs outputs in a multiple of 32, not ",
+                out_features);
+    TORCH_CHECK(out_float32 || x.scalar_type() == at::kFloat, "kq_linear: the swiglu form's output is float32");
+  }
+  const int64_t path = current_path(), rows = x.dim() == 2 ? x.size(0) : 0;
+  // the swiglu form in the kernels that store a tile's rows at once (AMX, AVX-512 VNNI's tiles);
+  // else the whole output, then argosy_iq::swiglu's work on it: the same bits
+  const bool fused = swiglu && ((path == kAmx && rows >= kKqAmxMinRows) ||
+                                (path >= kAvx512 && path != kAmx && rows >= kKqAvx512TileMinRows));
+  LinearCall call(x, k, groups, fused ? out_features / 2 : out_features, out_float32, "kq_linear", fine);
+  call.swiglu = fused;
+  if (call.rows == 0) return swiglu ? call.out.narrow(1, 0, out_features / 2).contiguous() : call.out;
   // the forms GGUF's formats take (the codes of any, fewer bits where they fit)
   if (bits == 4 && h == 1 && has_mins && kind == kSuperU8) kq_run<4, 1, true, kSuperU8>(call, tiles, w);  // Q4_K
   else if (bits == 5 && h == 1 && has_mins && kind == kSuperU8) kq_run<5, 1, true, kSuperU8>(call, tiles, w);  // Q5_K
@@ -901,7 +988,10 @@ at::Tensor kq_linear(const at::Tensor& x, const at::Tensor& nib, const std::opti
   else if (bits == 5 && h == 1 && has_mins && kind == kHalfScales) kq_run<5, 1, true, kHalfScales>(call, tiles, w);  // Q5_1
   else TORCH_CHECK(false, "kq_linear: no kernel for ", bits, " bits, scales per ", kGroup / h,
                    has_mins ? " with" : " without", " minimums, scale form ", kind);
-  return call.out;
+  if (!swiglu || fused) return call.out;
+  at::Tensor out = at::empty({call.rows, out_features / 2}, call.out.options());
+  swiglu_rows(call.out.data_ptr<float>(), out.data_ptr<float>(), call.rows, out_features / 2, path);
+  return out;
 }
 
 }  // namespace
@@ -909,7 +999,8 @@ at::Tensor kq_linear(const at::Tensor& x, const at::Tensor& nib, const std::opti
 TORCH_LIBRARY_FRAGMENT(argosy_iq, m) {
   m.def(
       "kq_linear(Tensor x, Tensor nib, Tensor? high, Tensor scales, Tensor? scale_d, Tensor? mins, "
-      "Tensor? min_d, int bits, int bias, int out_features, bool out_float32, bool fine=False) -> Tensor");
+      "Tensor? min_d, int bits, int bias, int out_features, bool out_float32, bool fine=False, "
+      "bool swiglu=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(argosy_iq, CPU, m) { m.impl("kq_linear", &kq_linear); }
