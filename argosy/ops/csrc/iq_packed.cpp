@@ -10,6 +10,10 @@
 //   Q6_K: int8), and the K-quants' minimums m = -(dmin * mn), products exact in float32, as the
 //   gguf package computes them. Paths: scalar (the reference), AVX2, AVX-512 VNNI, and AMX-INT8
 //   tile dot products for steps of 16 rows or more (prefill, batched decode).
+// kq_linear(..., fine=False, swiglu=False): swiglu (a gate_up projection, N a multiple of 32,
+//   float32 out): [M, N/2], the SwiGLU of outputs n and n + N/2 (iq_swiglu.h), the bits
+//   argosy_iq::swiglu gives on the plain output; the AMX and VNNI tile kernels compute each
+//   gate tile beside its up tile and store only the SwiGLU (no [M, N] tensor written).
 //
 // The arithmetic is q8_linear's (iq_linear.cpp), step for step: the rows quantized per 32 as
 // there (iq_rows.h), the same integer dot per row, output and weight group (u . xq, started from
@@ -716,11 +720,18 @@ ARGOSY_AMX void kq_amx(const int8_t* xp, const int8_t* xlp, const float* dxt, co
 
 // -- driving ----------------------------------------------------------------------------------
 
+// the kernels that store a tile's rows at once, which take kq_linear's swiglu form: AMX from
+// kKqAmxMinRows rows, AVX-512 VNNI's tiles from kKqAvx512TileMinRows (kq_run_form's choice)
+inline bool kq_stores_tile_rows(int64_t path, int64_t rows) {
+  return path == kAmx ? rows >= kKqAmxMinRows : path == kAvx512 && rows >= kKqAvx512TileMinRows;
+}
+
 template <int Bits, int H, bool Mins, int Kind, bool Fine>
 void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
   const int64_t rows = call.rows, path = call.path, groups = w.groups, k = groups * kGroup;
   const QuantizedRows& xr = call.xr;
   const Output& o = call.o;
+  TORCH_CHECK(!call.swiglu || kq_stores_tile_rows(path, rows), "kq_linear: the swiglu form on a path without it");
   if (path == kScalar) {
     for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) { kq_scalar<Bits, H, Mins, Kind>(xr, rows, w, t0, t1, o); });
     return;
@@ -975,8 +986,7 @@ at::Tensor kq_linear(const at::Tensor& x, const at::Tensor& nib, const std::opti
   const int64_t path = current_path(), rows = x.dim() == 2 ? x.size(0) : 0;
   // the swiglu form in the kernels that store a tile's rows at once (AMX, AVX-512 VNNI's tiles);
   // else the whole output, then argosy_iq::swiglu's work on it: the same bits
-  const bool fused = swiglu && ((path == kAmx && rows >= kKqAmxMinRows) ||
-                                (path >= kAvx512 && path != kAmx && rows >= kKqAvx512TileMinRows));
+  const bool fused = swiglu && kq_stores_tile_rows(path, rows);
   LinearCall call(x, k, groups, fused ? out_features / 2 : out_features, out_float32, "kq_linear", fine);
   call.swiglu = fused;
   if (call.rows == 0) return swiglu ? call.out.narrow(1, 0, out_features / 2).contiguous() : call.out;
