@@ -75,6 +75,17 @@ def packed(weight: BlockCodes, super_scales: SuperScales | None) -> PackedCodes:
     return form
 
 
+def packed_layer(weight: BlockCodes, super_scales: SuperScales | None) -> Int8Linear:
+    """An invariant bf16 layer holding the weight's own codes (packed where a kernel serves them)."""
+    return Int8Linear(
+        None,
+        None,
+        torch.bfloat16,
+        invariant=True,
+        blocks=BlockCodes(weight.codes, weight.scales, weight.mins, super_scales),
+    )
+
+
 def rows(m: int, k: int, seed: int, extreme: bool = False) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=gen)
@@ -152,13 +163,7 @@ def test_the_swiglu_form_refuses_what_it_cannot_give() -> None:
     kq = packed(weight, super_scales)
     with pytest.raises(RuntimeError, match="float32"):
         kq.linear(x, 64, False, swiglu=True)  # bf16 in, bf16 out
-    layer = Int8Linear(
-        None,
-        None,
-        torch.bfloat16,
-        invariant=True,
-        blocks=BlockCodes(weight.codes, weight.scales, weight.mins, super_scales),
-    )
+    layer = packed_layer(weight, super_scales)
     assert layer.swiglu(x) is None  # x not float32: the two steps
     fused = layer.swiglu(x.float())
     assert fused is not None and torch.equal(bits(fused), bits(torch.ops.argosy_iq.swiglu(layer(x.float()))))
@@ -203,13 +208,7 @@ def test_a_layer_of_packed_codes_equals_the_int8_layer() -> None:
     n, k = 48, 512
     weight, super_scales = kquant("q4_k", n, k, seed=5)
     int8 = Int8Linear(None, None, torch.bfloat16, invariant=True, blocks=weight)
-    kq = Int8Linear(
-        None,
-        None,
-        torch.bfloat16,
-        invariant=True,
-        blocks=BlockCodes(weight.codes, weight.scales, weight.mins, super_scales),
-    )
+    kq = packed_layer(weight, super_scales)
     assert kq.packed is not None and int8.packed is None
     x = rows(6, k, seed=9)
     assert torch.equal(bits(kq(x)), bits(int8(x)))

@@ -782,15 +782,11 @@ void q4_run(const LinearCall& call, int64_t tiles, int64_t groups, const uint8_t
         const int64_t width = (t1 - t0) * kTile;
         auto block = [&](int64_t r0, auto rows_constant) {
           constexpr int R = decltype(rows_constant)::value;
-          const int8_t* xq = xr.q.data() + r0 * k;
-          const int8_t* xlo = Fine ? xr.lo.data() + r0 * k : nullptr;
-          const float* dx = xr.dx.data() + r0 * groups;
-          const float* ux = xr.ux.data() + r0 * groups;
-          const int32_t* sq = xr.sq.data() + r0 * groups;
+          const RowsAt xb = rows_at(xr, r0, k, groups);
           if (t1 - t0 == 2)
-            q4_avx512_tile<R, 2, Fine>(buffer.get(), bytes, xq, xlo, k, dx, ux, sq, groups, res);
+            q4_avx512_tile<R, 2, Fine>(buffer.get(), bytes, xb.q, xb.lo, k, xb.dx, xb.ux, xb.sq, groups, res);
           else
-            q4_avx512_tile<R, 1, Fine>(buffer.get(), bytes, xq, xlo, k, dx, ux, sq, groups, res);
+            q4_avx512_tile<R, 1, Fine>(buffer.get(), bytes, xb.q, xb.lo, k, xb.dx, xb.ux, xb.sq, groups, res);
           for (int r = 0; r < R; ++r) put_row_streamed(o, r0 + r, t0 * kTile, res + r * width, width);
         };
         for_rows_in_blocks_of<RB>(p0, p1, block);
@@ -805,20 +801,16 @@ void q4_run(const LinearCall& call, int64_t tiles, int64_t groups, const uint8_t
     const int64_t width = (t1 - t0) * kTile;
     for_row_blocks(rows, [&](int64_t r0, auto rows_constant) {
       constexpr int R = decltype(rows_constant)::value;
-      const int8_t* xq = xr.q.data() + r0 * k;
-      const int8_t* xlo = Fine ? xr.lo.data() + r0 * k : nullptr;
-      const float* dx = xr.dx.data() + r0 * groups;
-      const float* ux = xr.ux.data() + r0 * groups;
-      const int32_t* sq = xr.sq.data() + r0 * groups;
+      const RowsAt xb = rows_at(xr, r0, k, groups);
       const uint8_t* c = cp + t0 * groups * 256;
       const uint16_t* s = sp + t0 * groups * kTile;
       const uint16_t* m = mp + t0 * groups * kTile;
       if (path >= kAvx512 && t1 - t0 == 2)
-        q4_avx512_block<R, 2, Fine>(xq, xlo, k, dx, ux, sq, groups, c, s, m, res);
+        q4_avx512_block<R, 2, Fine>(xb.q, xb.lo, k, xb.dx, xb.ux, xb.sq, groups, c, s, m, res);
       else if (path >= kAvx512)
-        q4_avx512_block<R, 1, Fine>(xq, xlo, k, dx, ux, sq, groups, c, s, m, res);
+        q4_avx512_block<R, 1, Fine>(xb.q, xb.lo, k, xb.dx, xb.ux, xb.sq, groups, c, s, m, res);
       else
-        q4_avx2_rows<R, Fine>(xq, xlo, k, dx, ux, sq, groups, c, s, m, res);
+        q4_avx2_rows<R, Fine>(xb.q, xb.lo, k, xb.dx, xb.ux, xb.sq, groups, c, s, m, res);
       for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
     });
   });
@@ -855,22 +847,19 @@ void q8_vector(const QuantizedRows& xr, const std::vector<int32_t>& start, int64
     for_row_blocks(rows - done, [&](int64_t r_rest, auto rows_constant) {
       constexpr int R = decltype(rows_constant)::value;
       const int64_t r0 = done + r_rest;
-      const int8_t* xq = xr.q.data() + r0 * k;
-      const int8_t* xlo = Fine ? xr.lo.data() + r0 * k : nullptr;
-      const float* dx = xr.dx.data() + r0 * groups;
-      const float* ux = xr.ux.data() + r0 * groups;
+      const RowsAt xb = rows_at(xr, r0, k, groups);
       const int8_t* c = wt.codes + t0 * k * kTile;
       const S* s = wt.scales + t0 * groups * H * kTile;
       const S* m = Mins ? wt.mins + t0 * groups * kTile : nullptr;
       if (path >= kAvx512) {
         const int32_t* st = start.data() + r0 * groups * H;
         if (t1 - t0 == 2)
-          q8_avx512_block<R, 2, H, Mins, S, Fine>(xq, xlo, k, dx, ux, st, groups, c, s, m, res, r0 == 0);
+          q8_avx512_block<R, 2, H, Mins, S, Fine>(xb.q, xb.lo, k, xb.dx, xb.ux, st, groups, c, s, m, res, r0 == 0);
         else
-          q8_avx512_block<R, 1, H, Mins, S, Fine>(xq, xlo, k, dx, ux, st, groups, c, s, m, res, r0 == 0);
+          q8_avx512_block<R, 1, H, Mins, S, Fine>(xb.q, xb.lo, k, xb.dx, xb.ux, st, groups, c, s, m, res, r0 == 0);
       } else {
         const int32_t* st = start.empty() ? nullptr : start.data() + r0 * groups * H;
-        q8_avx2_any<R, H, Mins, S, Fine>(n16, wt.bias, xq, xlo, k, dx, ux, st, groups, c, s, m, res);
+        q8_avx2_any<R, H, Mins, S, Fine>(n16, wt.bias, xb.q, xb.lo, k, xb.dx, xb.ux, st, groups, c, s, m, res);
       }
       for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);
     });

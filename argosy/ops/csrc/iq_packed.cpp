@@ -850,15 +850,12 @@ void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
         const int64_t width = count * kTile;
         auto block = [&](int64_t r0, auto rows_constant) {
           constexpr int R = decltype(rows_constant)::value;
-          const int8_t* xq = xr.q.data() + r0 * k;
-          const int8_t* xlo = Fine ? xr.lo.data() + r0 * k : nullptr;
-          const float* dx = xr.dx.data() + r0 * groups;
-          const float* ux = xr.ux.data() + r0 * groups;
+          const RowsAt xb = rows_at(xr, r0, k, groups);
           const int32_t* st = start.data() + r0 * groups * H;
           if (count == 2)
-            kq_avx512_tile<R, 2, Bits, H, Mins, Kind, Fine>(codes, bytes, xq, xlo, k, dx, ux, st, groups, res);
+            kq_avx512_tile<R, 2, Bits, H, Mins, Kind, Fine>(codes, bytes, xb.q, xb.lo, k, xb.dx, xb.ux, st, groups, res);
           else
-            kq_avx512_tile<R, 1, Bits, H, Mins, Kind, Fine>(codes, bytes, xq, xlo, k, dx, ux, st, groups, res);
+            kq_avx512_tile<R, 1, Bits, H, Mins, Kind, Fine>(codes, bytes, xb.q, xb.lo, k, xb.dx, xb.ux, st, groups, res);
           if (call.swiglu)
             put_swiglu_rows(o, r0, R, t0 * kTile, res);
           else
@@ -889,24 +886,21 @@ void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
     for_row_blocks(rows - done, [&](int64_t r_rest, auto rows_constant) {
       constexpr int R = decltype(rows_constant)::value;
       const int64_t r0 = done + r_rest;
-      const int8_t* xq = xr.q.data() + r0 * k;
-      const int8_t* xlo = Fine ? xr.lo.data() + r0 * k : nullptr;
-      const float* dx = xr.dx.data() + r0 * groups;
-      const float* ux = xr.ux.data() + r0 * groups;
+      const RowsAt xb = rows_at(xr, r0, k, groups);
       const int32_t* st = start.data() + r0 * groups * H;
       if (path >= kAvx512) {
         const bool prefetch = r0 == 0 && t1 + (t1 - t0) <= tiles;
         if (t1 - t0 == 2)
-          kq_avx512_block<R, 2, Bits, H, Mins, Kind, Fine>(xq, xlo, k, dx, ux, st, w, t0, res, prefetch);
+          kq_avx512_block<R, 2, Bits, H, Mins, Kind, Fine>(xb.q, xb.lo, k, xb.dx, xb.ux, st, w, t0, res, prefetch);
         else
-          kq_avx512_block<R, 1, Bits, H, Mins, Kind, Fine>(xq, xlo, k, dx, ux, st, w, t0, res, prefetch);
+          kq_avx512_block<R, 1, Bits, H, Mins, Kind, Fine>(xb.q, xb.lo, k, xb.dx, xb.ux, st, w, t0, res, prefetch);
       } else {
         if constexpr (R == 4) {  // two rows at a time: their sums stay in registers
-          kq_avx2_rows<2, Bits, H, Mins, Kind, Fine>(xq, xlo, k, dx, ux, st, w, t0, res);
-          kq_avx2_rows<2, Bits, H, Mins, Kind, Fine>(xq + 2 * k, Fine ? xlo + 2 * k : nullptr, k, dx + 2 * groups,
-                                                     ux + 2 * groups, st + 2 * groups * H, w, t0, res + 2 * kTile);
+          kq_avx2_rows<2, Bits, H, Mins, Kind, Fine>(xb.q, xb.lo, k, xb.dx, xb.ux, st, w, t0, res);
+          kq_avx2_rows<2, Bits, H, Mins, Kind, Fine>(xb.q + 2 * k, Fine ? xb.lo + 2 * k : nullptr, k, xb.dx + 2 * groups,
+                                                     xb.ux + 2 * groups, st + 2 * groups * H, w, t0, res + 2 * kTile);
         } else {
-          kq_avx2_rows<R, Bits, H, Mins, Kind, Fine>(xq, xlo, k, dx, ux, st, w, t0, res);
+          kq_avx2_rows<R, Bits, H, Mins, Kind, Fine>(xb.q, xb.lo, k, xb.dx, xb.ux, st, w, t0, res);
         }
       }
       for (int r = 0; r < R; ++r) o.put(r0 + r, t0 * kTile, res + r * width, width);

@@ -45,6 +45,20 @@ struct QuantizedRows {
 };
 
 
+// x's quantized rows from row r0 on, as a block of rows reads them (lo: nullptr in the plain form)
+struct RowsAt {
+  const int8_t* q;
+  const int8_t* lo;
+  const float* dx;
+  const float* ux;
+  const int32_t* sq;
+};
+
+inline RowsAt rows_at(const QuantizedRows& xr, int64_t r0, int64_t k, int64_t groups) {
+  return {xr.q.data() + r0 * k, xr.fine() ? xr.lo.data() + r0 * k : nullptr, xr.dx.data() + r0 * groups,
+          xr.ux.data() + r0 * groups, xr.sq.data() + r0 * groups};
+}
+
 struct GroupQ {  // one group's quantization
   float dx, ux;
   int32_t sq;
