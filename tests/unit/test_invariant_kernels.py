@@ -108,23 +108,28 @@ def test_q4_a_long_prefill_in_passes_gives_the_reference_bits(paths: list[str], 
         assert torch.equal(bits(got), bits(reference)), path
 
 
-def test_rows_quantize_alike_on_every_path_at_ties_and_extremes(paths: list[str]) -> None:
-    """x's quantization (scalar routine vs the AVX-512 one): groups whose scaled values land
-    exactly on .5 (round half to even), an all-zero group, a lone huge value, negative zero."""
+@pytest.mark.parametrize("fine", [False, True])
+def test_rows_quantize_alike_on_every_path_at_ties_and_extremes(paths: list[str], fine: bool) -> None:
+    """x's quantization (scalar routine vs the AVX-512 ones, one group and four at a time):
+    groups whose scaled values land exactly on .5 (round half to even), an all-zero group, a
+    lone huge value, negative zero, subnormal groups (127 / amax overflows: the clamp decides)."""
     n, k = 32, 128
     layout = invariant_q4_layout(*q4_weight(n, k, seed=11))
-    x = torch.zeros(3, k)
+    x = torch.zeros(5, k)
     x[0, :32] = torch.arange(32) - 15.5  # amax 127 below, so the scale is 1: every value a tie
     x[0, 31] = 127.0
     x[0, 64:96] = -0.0
     x[1, :32] = torch.linspace(-1.0, 1.0, 32)
     x[1, 40] = 3.0e38
     x[2] = torch.randn(k, generator=torch.Generator().manual_seed(12)) * 1e-30
+    x[3] = torch.randn(k, generator=torch.Generator().manual_seed(13)) * 1e-39
+    x[4, :96] = x[0, :96]
+    x[4, 97] = 1e-44
     torch.ops.argosy_iq.set_path("scalar")
-    reference = q4(x, layout, n)
+    reference = torch.ops.argosy_iq.q4_linear(x, *layout, n, True, fine)
     for path in paths:
         torch.ops.argosy_iq.set_path(path)
-        assert torch.equal(bits(q4(x, layout, n)), bits(reference)), path
+        assert torch.equal(bits(torch.ops.argosy_iq.q4_linear(x, *layout, n, True, fine)), bits(reference)), path
 
 
 def test_q4_is_the_quantized_product(paths: list[str]) -> None:
