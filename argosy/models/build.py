@@ -35,10 +35,10 @@ from argosy.models.quantize import (
 from argosy.models.registry import builder_for
 from argosy.models.source import ModelSource
 from argosy.models.tensor_file import TensorFile
+from argosy.ops.composite_linear import BatchSwitchLinear
 from argosy.ops.devices import out_of_memory
 from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
 from argosy.ops.quantized_linear import (
-    BatchSwitchLinear,
     BlockCodes,
     CodesEmbedding,
     Int4Linear,

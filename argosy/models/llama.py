@@ -168,7 +168,10 @@ class Attention(nn.Module):
         """q [T, H, D], k and v [T, KVH, D] of x, normed (if the model does) and rotated;
         cos/sin: [T, 1, D]. Shared with the compiled decode graph."""
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        sizes = [self.q_size, self.kv_size, self.kv_size]
+        split = getattr(self.qkv_proj, "split", None)  # PartsLinear: no concatenation
+        pieces = None if split is None else split(x, sizes)
+        q, k, v = self.qkv_proj(x).split(sizes, dim=-1) if pieces is None else pieces
         q = q.view(n, self.num_heads, self.head_dim)
         k = k.view(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)

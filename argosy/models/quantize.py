@@ -13,13 +13,12 @@ import torch
 from torch import nn
 
 from argosy.models.llama import DecoderForCausalLM
+from argosy.ops.composite_linear import BatchSwitchLinear, PartsLinear
 from argosy.ops.packed_codes import SuperScales
 from argosy.ops.quantized_linear import (
-    BatchSwitchLinear,
     BlockCodes,
     Int4Linear,
     Int8Linear,
-    PartsLinear,
     packed_bits,
 )
 

@@ -237,6 +237,7 @@ def _register_invariant_fakes() -> None:
         out_float32,
         fine=False,
         swiglu=False,
+        add=None,
     ):  # type: ignore[no-untyped-def]
         width = out_features // 2 if swiglu else out_features
         return x.new_empty(x.shape[0], width, dtype=out_dtype(x, out_float32))

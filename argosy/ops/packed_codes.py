@@ -196,7 +196,13 @@ class PackedCodes:
         )
 
     def linear(
-        self, x: torch.Tensor, out_features: int, out_float32: bool, fine: bool = False, swiglu: bool = False
+        self,
+        x: torch.Tensor,
+        out_features: int,
+        out_float32: bool,
+        fine: bool = False,
+        swiglu: bool = False,
+        add: torch.Tensor | None = None,
     ) -> torch.Tensor:
         out: torch.Tensor = torch.ops.argosy_iq.kq_linear(
             x,
@@ -212,6 +218,7 @@ class PackedCodes:
             out_float32,
             fine,
             swiglu,
+            add,
         )
         return out
 

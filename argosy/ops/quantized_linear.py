@@ -351,7 +351,9 @@ class Int8Linear(nn.Module):
         part.out_features = n
         return part
 
-    def _kq_linear(self, x2: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+    def _kq_linear(
+        self, x2: torch.Tensor, swiglu: bool = False, add: torch.Tensor | None = None
+    ) -> torch.Tensor:
         assert self.packed is not None
         out: torch.Tensor = torch.ops.argosy_iq.kq_linear(
             x2.contiguous(),
@@ -367,6 +369,7 @@ class Int8Linear(nn.Module):
             self.float_output,
             self.fine,
             swiglu,
+            add,
         )
         return out
 
@@ -383,8 +386,11 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
+        added = False
         if self.packed is not None:
-            out = self._kq_linear(x2)
+            # a float32 output takes the bias as the kernel stores it (the same bits as adding it after)
+            added = self.bias is not None and (self.float_output or x2.dtype == torch.float32)
+            out = self._kq_linear(x2, add=self.bias.float() if added and self.bias is not None else None)
         elif self.invariant:
             out = torch.ops.argosy_iq.q8_linear(
                 x2.contiguous(),
@@ -407,7 +413,7 @@ class Int8Linear(nn.Module):
             scales = cast(torch.Tensor, self.scales)
             out = torch.ops.aten._weight_int8pack_mm(x2.to(scales.dtype), self.weight_int8, scales)
         out = out.view(*shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias
+        return out if self.bias is None or added else out + self.bias
 
 
 def packed_bits(blocks: BlockCodes) -> int:
@@ -417,41 +423,6 @@ def packed_bits(blocks: BlockCodes) -> int:
     form_name = scale_form(blocks.scales, blocks.mins, blocks.super_scales)
     form = packed_form(lo, hi, GROUP_SIZE // blocks.group, blocks.mins is not None, form_name)
     return 8 if form is None else form.bits
-
-
-class PartsLinear(nn.Module):
-    """A fused projection whose parts a file holds in different forms (a Q4_K_M file's q and k
-    in Q4_K, its v in Q6_K): a layer a part, each at its own bits, the outputs side by side.
-    Each output is its part's alone, whatever the others: the invariance holds."""
-
-    def __init__(self, parts: list[nn.Module]) -> None:
-        super().__init__()
-        self.parts = nn.ModuleList(parts)
-        self.in_features = int(cast(Int8Linear, parts[0]).in_features)
-        self.out_features = sum(int(cast(Int8Linear, p).out_features) for p in parts)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([part(x) for part in self.parts], dim=-1)
-
-
-class BatchSwitchLinear(nn.Module):
-    """Int4 weights for steps of few rows, float weights for the rest.
-
-    A decode step of one or a few sequences is bound by reading the weights, where 4-bit
-    weights win; at more rows (batched decode, prefill) the float kernels are faster
-    (shared/notes/cpu-decode-probe.md). Both hold the same GGUF weights: the float copy is
-    their dequantization. Under torch.compile the branch becomes a guard on the batch size,
-    so each side gets its own graph.
-    """
-
-    def __init__(self, small: nn.Module, large: nn.Module, max_small_rows: int) -> None:
-        super().__init__()
-        self.small, self.large, self.max_small_rows = small, large, max_small_rows
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
-        out: torch.Tensor = self.small(x) if rows <= self.max_small_rows else self.large(x)
-        return out
 
 
 class CodesEmbedding(nn.Module):

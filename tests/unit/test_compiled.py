@@ -20,9 +20,9 @@ from torch import nn
 
 from argosy.engine.llm_engine import COMPILE_AFTER_QUIET_S, LLMEngine
 from argosy.ops.attention import grouped_decode_attention
+from argosy.ops.composite_linear import BatchSwitchLinear
 from argosy.ops.native import load_native_ops
 from argosy.ops.packed_linear import PackedLinear, apply_packing, packing_supported
-from argosy.ops.quantized_linear import BatchSwitchLinear
 from argosy.runner.compiled import paged_decode_attention
 from argosy.runner.kv_cache import kv_bytes_per_block
 from argosy.runner.model_runner import DECODE_CHUNK_TOKENS, ModelRunner

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
+from argosy.ops.composite_linear import PartsLinear
 from argosy.ops.native import load_invariant_ops, load_native_ops
 from argosy.ops.quantized_linear import (
     BlockCodes,
@@ -129,7 +130,9 @@ def test_rows_quantize_alike_on_every_path_at_ties_and_extremes(paths: list[str]
     reference = torch.ops.argosy_iq.q4_linear(x, *layout, n, True, fine)
     for path in paths:
         torch.ops.argosy_iq.set_path(path)
-        assert torch.equal(bits(torch.ops.argosy_iq.q4_linear(x, *layout, n, True, fine)), bits(reference)), path
+        assert torch.equal(bits(torch.ops.argosy_iq.q4_linear(x, *layout, n, True, fine)), bits(reference)), (
+            path
+        )
 
 
 def test_q4_is_the_quantized_product(paths: list[str]) -> None:
@@ -376,6 +379,22 @@ def test_fused_parts_of_different_formats_keep_every_value() -> None:
     b.codes[0, 0] = -128
     with pytest.raises(ValueError, match="-128"):
         invariant_q8_layout(b.codes, b.scales)
+
+
+def test_a_parts_layer_splits_its_outputs_without_joining_them_where_its_parts_end_at_cuts() -> None:
+    """PartsLinear.split (the q, k, v of a Q4_K_M file's layer, q and k in one part, v in the
+    other): forward's values cut at the sizes, each piece a view of one part's output; None where
+    a part ends inside a piece."""
+    a, b = block_weight(48, 64, 32, True, seed=43), block_weight(16, 64, 16, False, seed=44)
+    layer = PartsLinear([Int8Linear(None, None, torch.float32, invariant=True, blocks=w) for w in (a, b)])
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(45))
+    pieces = layer.split(x, [32, 16, 16])
+    assert pieces is not None and [p.shape[-1] for p in pieces] == [32, 16, 16]
+    for piece, expected in zip(pieces, layer(x).split([32, 16, 16], dim=-1), strict=True):
+        assert torch.equal(piece, expected)
+    assert pieces[0].data_ptr() + 32 * 4 == pieces[1].data_ptr()  # views of the first part's output
+    assert layer.split(x, [40, 24]) is None  # the first part ends at 48, inside the second piece
+    assert layer.split(x, [48, 8]) is None  # not the layer's width
 
 
 def every_path_gives_its_bits_together_and_alone(

@@ -75,6 +75,10 @@ def packed(weight: BlockCodes, super_scales: SuperScales | None) -> PackedCodes:
     return form
 
 
+def weight_blocks(weight: BlockCodes, super_scales: SuperScales | None) -> BlockCodes:
+    return BlockCodes(weight.codes, weight.scales, weight.mins, super_scales)
+
+
 def packed_layer(weight: BlockCodes, super_scales: SuperScales | None) -> Int8Linear:
     """An invariant bf16 layer holding the weight's own codes (packed where a kernel serves them)."""
     return Int8Linear(
@@ -82,7 +86,7 @@ def packed_layer(weight: BlockCodes, super_scales: SuperScales | None) -> Int8Li
         None,
         torch.bfloat16,
         invariant=True,
-        blocks=BlockCodes(weight.codes, weight.scales, weight.mins, super_scales),
+        blocks=weight_blocks(weight, super_scales),
     )
 
 
@@ -169,6 +173,38 @@ def test_the_swiglu_form_refuses_what_it_cannot_give() -> None:
     assert fused is not None and torch.equal(bits(fused), bits(torch.ops.argosy_iq.swiglu(layer(x.float()))))
 
 
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_a_bias_added_as_the_outputs_are_stored_gives_the_bits_of_adding_it_after(
+    paths: list[str], fmt: str
+) -> None:
+    """kq_linear's add (a layer's bias, float32 outputs): on every path and row count (a decode
+    step's few rows, the VNNI and AMX tiles' streamed stores, a row block's remainder), the bits
+    of the output plus the bias; refused with the swiglu form or a bfloat16 output. A layer with
+    a bias gives the same bits whichever way it adds it."""
+    n, k = 96, 512
+    weight, super_scales = kquant(fmt, n, k, seed=7)
+    kq = packed(weight, super_scales)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(8)) * 3
+    x = rows(150, k, seed=9).float()
+    for path in paths:
+        torch.ops.argosy_iq.set_path(path)
+        for count in (1, 5, 12, 16, 33, 150):
+            plain = kq.linear(x[:count], n, True)
+            assert torch.equal(bits(kq.linear(x[:count], n, True, add=bias)), bits(plain + bias)), (
+                path,
+                count,
+            )
+    with pytest.raises(RuntimeError, match="float32 output"):
+        kq.linear(x[:4].bfloat16(), n, False, add=bias)
+    with pytest.raises(RuntimeError, match="float32 output"):
+        kq.linear(x[:4], n, True, swiglu=True, add=bias)
+    with pytest.raises(RuntimeError, match="float32 \\[out_features\\]"):
+        kq.linear(x[:4], n, True, add=bias[:-1])
+    layer = Int8Linear(None, bias, torch.float32, invariant=True, blocks=weight_blocks(weight, super_scales))
+    torch.ops.argosy_iq.set_path("auto")
+    assert torch.equal(bits(layer(x[:20])), bits(kq.linear(x[:20], n, True) + bias))
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_planes_give_the_codes_and_the_values_back(fmt: str) -> None:
     n, k = 64, 256
@@ -218,7 +254,7 @@ def test_a_fused_layer_of_two_formats_holds_each_part_at_its_bits() -> None:
     """A Q4_K_M layer's q and k (Q4_K) and v (Q6_K): q and k stacked at 4 bits, v apart at 6,
     the outputs side by side, each the bits of its own weight alone."""
     from argosy.models.quantize import runs_of_one_form
-    from argosy.ops.quantized_linear import PartsLinear
+    from argosy.ops.composite_linear import PartsLinear
 
     k = 512
     (q, q_super), (kk, k_super), (v, v_super) = (

@@ -972,7 +972,8 @@ ScaleRef scale_ref(const at::Tensor& values, const std::optional<at::Tensor>& d,
 at::Tensor kq_linear(const at::Tensor& x, const at::Tensor& nib, const std::optional<at::Tensor>& high,
                      const at::Tensor& scales, const std::optional<at::Tensor>& scale_d,
                      const std::optional<at::Tensor>& mins, const std::optional<at::Tensor>& min_d, int64_t bits,
-                     int64_t bias, int64_t out_features, bool out_float32, bool fine, bool swiglu) {
+                     int64_t bias, int64_t out_features, bool out_float32, bool fine, bool swiglu,
+                     const std::optional<at::Tensor>& add) {
   TORCH_CHECK(nib.scalar_type() == at::kByte && nib.dim() == 5 && nib.size(2) == 4 && nib.size(3) == 16 &&
                   nib.size(4) == 4 && nib.is_contiguous(),
               "kq_linear: nib must be contiguous uint8 [N/16, K/32, 4, 16, 4]");
@@ -1011,6 +1012,14 @@ at::Tensor kq_linear(const at::Tensor& x, const at::Tensor& nib, const std::opti
   const bool fused = swiglu && kq_stores_tile_rows(path, rows);
   LinearCall call(x, k, groups, fused ? out_features / 2 : out_features, out_float32, "kq_linear", fine);
   call.swiglu = fused;
+  const bool has_add = add.has_value() && add->defined();
+  if (has_add) {
+    TORCH_CHECK(!swiglu && call.o.f != nullptr, "kq_linear: add goes with a float32 output, not the swiglu form");
+    TORCH_CHECK(add->scalar_type() == at::kFloat && add->is_contiguous() && add->dim() == 1 &&
+                    add->size(0) == out_features,
+                "kq_linear: add must be a contiguous float32 [out_features]");
+    call.o.add = add->data_ptr<float>();
+  }
   if (call.rows == 0) return swiglu ? call.out.narrow(1, 0, out_features / 2).contiguous() : call.out;
   // the forms GGUF's formats take (the codes of any, fewer bits where they fit)
   if (bits == 4 && h == 1 && has_mins && kind == kSuperU8) kq_run<4, 1, true, kSuperU8>(call, tiles, w);  // Q4_K
@@ -1032,7 +1041,7 @@ TORCH_LIBRARY_FRAGMENT(argosy_iq, m) {
   m.def(
       "kq_linear(Tensor x, Tensor nib, Tensor? high, Tensor scales, Tensor? scale_d, Tensor? mins, "
       "Tensor? min_d, int bits, int bias, int out_features, bool out_float32, bool fine=False, "
-      "bool swiglu=False) -> Tensor");
+      "bool swiglu=False, Tensor? add=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(argosy_iq, CPU, m) { m.impl("kq_linear", &kq_linear); }

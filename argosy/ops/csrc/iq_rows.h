@@ -265,6 +265,9 @@ struct Output {
   int64_t ld = 0;
   bool vector = false;  // AVX-512 for the bf16 rounding
   bool vector8 = false;  // AVX2 for it
+  // fp32 outputs: a value per column added to every row as it is stored (a layer's bias: the
+  // bits of adding it after, one fp32 rounding, without another pass over the output)
+  const float* add = nullptr;
   // fp32 rows whose 16-value pieces sit at 64-byte boundaries: a kernel may write them with
   // non-temporal stores (then _mm_sfence before its threads join). A prefill's outputs are tens of
   // MB: ordinary stores first read each line they fill (the AMX K-quant kernel, the 1.5B's
@@ -274,7 +277,12 @@ struct Output {
   }
   void put(int64_t row, int64_t col, const float* values, int64_t count) const {
     if (f != nullptr) {
-      std::memcpy(f + row * ld + col, values, static_cast<size_t>(count) * 4);
+      float* to = f + row * ld + col;
+      if (add == nullptr) {
+        std::memcpy(to, values, static_cast<size_t>(count) * 4);
+      } else {
+        for (int64_t i = 0; i < count; ++i) to[i] = values[i] + add[col + i];
+      }
       return;
     }
     int64_t i = 0;
@@ -296,7 +304,12 @@ ARGOSY_Q512 inline void put_row_streamed(const Output& out, int64_t row, int64_t
                                          int64_t count) {
   if (!out.streamable()) return out.put(row, col, values, count);
   float* to = out.f + row * out.ld + col;
-  for (int64_t i = 0; i < count; i += 16) _mm512_stream_ps(to + i, _mm512_loadu_ps(values + i));
+  if (out.add == nullptr) {
+    for (int64_t i = 0; i < count; i += 16) _mm512_stream_ps(to + i, _mm512_loadu_ps(values + i));
+  } else {
+    for (int64_t i = 0; i < count; i += 16)
+      _mm512_stream_ps(to + i, _mm512_add_ps(_mm512_loadu_ps(values + i), _mm512_loadu_ps(out.add + col + i)));
+  }
 }
 
 // -- driving: tiles split among threads, rows in blocks ---------------------------------------
@@ -384,9 +397,11 @@ struct LinearCall {
 ARGOSY_AMX inline void put_tile_rows(const Output& out, int64_t r0, int64_t nr, int64_t col, const __m512* acc,
                                      float* res) {
   if (out.streamable()) {
+    const __m512 add = out.add == nullptr ? _mm512_setzero_ps() : _mm512_loadu_ps(out.add + col);
 #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r)
-      if (r < nr) _mm512_stream_ps(out.f + (r0 + r) * out.ld + col, acc[r]);
+      if (r < nr)
+        _mm512_stream_ps(out.f + (r0 + r) * out.ld + col, out.add == nullptr ? acc[r] : _mm512_add_ps(acc[r], add));
     return;
   }
 #pragma GCC unroll 16
