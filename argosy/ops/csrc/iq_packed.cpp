@@ -10,10 +10,12 @@
 //   Q6_K: int8), and the K-quants' minimums m = -(dmin * mn), products exact in float32, as the
 //   gguf package computes them. Paths: scalar (the reference), AVX2, AVX-512 VNNI, and AMX-INT8
 //   tile dot products for steps of 16 rows or more (prefill, batched decode).
-// kq_linear(..., fine=False, swiglu=False): swiglu (a gate_up projection, N a multiple of 32,
-//   float32 out): [M, N/2], the SwiGLU of outputs n and n + N/2 (iq_swiglu.h), the bits
+// kq_linear(..., fine=False, swiglu=False, add=None): swiglu (a gate_up projection, N a multiple
+//   of 32, float32 out): [M, N/2], the SwiGLU of outputs n and n + N/2 (iq_swiglu.h), the bits
 //   argosy_iq::swiglu gives on the plain output; the AMX and VNNI tile kernels compute each
-//   gate tile beside its up tile and store only the SwiGLU (no [M, N] tensor written).
+//   gate tile beside its up tile and store only the SwiGLU (no [M, N] tensor written). add
+//   (float32 [N], a float32 output, not with swiglu): added to every row as it is stored, the
+//   bits of adding it after (a layer's bias).
 //
 // The arithmetic is q8_linear's (iq_linear.cpp), step for step: the rows quantized per 32 as
 // there (iq_rows.h), the same integer dot per row, output and weight group (u . xq, started from
