@@ -819,7 +819,7 @@ void q4_run(const LinearCall& call, int64_t tiles, int64_t groups, const uint8_t
 // the vector paths of q8_linear, one weight form (H weight groups to a group of x, mins or not,
 // scales float32 or float16); start: the AVX-512 path's per row and weight group -128 * sum(xq)
 template <int H, bool Mins, typename S, bool Fine>
-void q8_vector(const QuantizedRows& xr, const std::vector<int32_t>& start, int64_t rows, int64_t groups,
+void q8_vector(const QuantizedRows& xr, const Written<int32_t>& start, int64_t rows, int64_t groups,
                int64_t tiles, int64_t path, const Q8Weight<S>& wt, const Output& o) {
   const int n16 = static_cast<int>(wt.n16);
   const int64_t k = groups * kGroup;
@@ -968,7 +968,7 @@ void q8_amx_run(const QuantizedRows& xr, int64_t rows, int64_t groups, int64_t t
 }
 
 template <bool Fine, typename S>
-void q8_forms(const QuantizedRows& xr, const std::vector<int32_t>& start, int64_t rows, int64_t groups, int64_t tiles,
+void q8_forms(const QuantizedRows& xr, const Written<int32_t>& start, int64_t rows, int64_t groups, int64_t tiles,
               int64_t path, const Q8Weight<S>& wt, const Output& o, bool mins) {
   if (path == kAmx && rows >= kQ8AmxMinRows) {
     if (wt.h == 2 && mins)
@@ -1002,20 +1002,9 @@ void q8_run(const LinearCall& call, int64_t groups, int64_t tiles, const Q8Weigh
   }
   // the integer sums' starting values, per row and weight group: -(the codes' bias) times the
   // sum of xq over the group (AVX-512: the codes + 128; AVX2: + wt.bias where the range allows)
-  std::vector<int32_t> start;
   const int32_t bias = path >= kAvx512 ? 128 : wt.n16 > 0 ? wt.bias : 0;
-  if (path >= kAvx512 || wt.n16 > 0) {
-    start.resize(static_cast<size_t>(rows * groups * h));
-    if (h == 1) {
-      for (size_t i = 0; i < start.size(); ++i) start[i] = -bias * xr.sq[i];
-    } else {
-      for (int64_t i = 0; i < rows * groups * h; ++i) {  // rows are contiguous: [r, g, h] is i
-        int32_t sum = 0;
-        for (int64_t b = 0; b < kGroup / h; ++b) sum += xr.code(i * (kGroup / h) + b);
-        start[static_cast<size_t>(i)] = -bias * sum;
-      }
-    }
-  }
+  Written<int32_t> start;
+  if (path >= kAvx512 || wt.n16 > 0) start = code_starts(xr, rows, groups, h, bias, path >= kAvx512);
   const bool mins = wt.mins != nullptr;
   if (xr.fine())
     q8_forms<true, S>(xr, start, rows, groups, tiles, path, wt, o, mins);

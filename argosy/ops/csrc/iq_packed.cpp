@@ -728,30 +728,6 @@ inline bool kq_stores_tile_rows(int64_t path, int64_t rows) {
   return path == kAmx ? rows >= kKqAmxMinRows : path == kAvx512 && rows >= kKqAvx512TileMinRows;
 }
 
-// each 128-bit lane: the sum of its 16 bytes (in each of its four 32-bit places)
-ARGOSY_KQ_AVX512 inline __m512i lane_sums_512(const int8_t* p) {
-  const __m512i pairs = _mm512_maddubs_epi16(_mm512_set1_epi8(1), _mm512_loadu_si512(p));
-  __m512i s = _mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
-  s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_BADC));
-  return _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
-}
-
-// the starts of 16-weight groups [i, end) four at a time: -bias times the sum of x's codes over
-// each (the fine form's code 128 * hi + lo), the integers of the scalar loop; returns where it
-// stopped (the rest, under four, is the scalar loop's)
-ARGOSY_KQ_AVX512 int64_t half_starts_512(const QuantizedRows& xr, int64_t i, int64_t end, int32_t bias,
-                                         int32_t* start) {
-  const __m512i firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  for (; i + 4 <= end; i += 4) {
-    __m512i s = lane_sums_512(xr.q.data() + i * 16);
-    if (xr.fine()) s = _mm512_add_epi32(_mm512_slli_epi32(s, kFineShift), lane_sums_512(xr.lo.data() + i * 16));
-    s = _mm512_mullo_epi32(s, _mm512_set1_epi32(-bias));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(start + i),
-                     _mm512_castsi512_si128(_mm512_permutexvar_epi32(firsts, s)));
-  }
-  return i;
-}
-
 template <int Bits, int H, bool Mins, int Kind, bool Fine>
 void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
   const int64_t rows = call.rows, path = call.path, groups = w.groups, k = groups * kGroup;
@@ -803,29 +779,7 @@ void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
   }
   // per row and weight group: -bias times the sum of xq over it (u . xq + start = q . xq)
   // (one weight group to a group of x: the quantization's sum of the group's codes)
-  Written<int32_t> start;
-  start.resize(static_cast<size_t>(rows * groups * H));
-  at::parallel_for(0, rows, std::max<int64_t>(1, 64 / std::max<int64_t>(1, k / 1024)), [&](int64_t r0, int64_t r1) {
-    int64_t i = r0 * groups * H;  // rows are contiguous: [r, g, h] is i
-    const int64_t end = r1 * groups * H;
-    if constexpr (H == 1) {
-      for (; i < end; ++i) start[static_cast<size_t>(i)] = -w.bias * xr.sq[static_cast<size_t>(i)];
-      return;
-    }
-    if (path >= kAvx512) i = half_starts_512(xr, i, end, w.bias, start.data());
-    for (; i < end; ++i) {
-      const int8_t* q = xr.q.data() + i * (kGroup / H);
-      int32_t sum = 0;
-      for (int64_t b = 0; b < kGroup / H; ++b) sum += q[b];
-      if (xr.fine()) {  // c = hi * 2^shift + lo
-        const int8_t* lo = xr.lo.data() + i * (kGroup / H);
-        int32_t lo_sum = 0;
-        for (int64_t b = 0; b < kGroup / H; ++b) lo_sum += lo[b];
-        sum = sum * (1 << kFineShift) + lo_sum;
-      }
-      start[static_cast<size_t>(i)] = -w.bias * sum;
-    }
-  });
+  const Written<int32_t> start = code_starts(xr, rows, groups, H, w.bias, path >= kAvx512);
   if (path == kAvx2 && rows >= kKqAvx2TileMinRows) {
     for_tile_blocks(tiles, 1, [&](int64_t t0, int64_t t1) {
       // a tile's codes (512 bytes a weight group), then its scales and mins as floats

@@ -115,31 +115,41 @@ inline GroupQ quantize_group(const float* v, int8_t* q, int8_t* lo) {  // lo: nu
 // so the same bits (inputs holding NaN aside: the row fails as non-finite anyway)
 #define ARGOSY_Q512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
+// one half group's 16 values times inv: their codes (clamped, then converted rounding half to
+// even: the same integers as rounding first, the bounds being integers), stored as bytes (the
+// fine form: hi at q, lo at lo); returns the codes
+ARGOSY_Q512 inline __m512i code_half_512(__m512 values, __m512 inv, int8_t* q, int8_t* lo) {
+  const float top_value = lo != nullptr ? static_cast<float>(kFineMax) : 127.0f;
+  __m512 product = _mm512_mul_ps(values, inv);
+  if (lo != nullptr) product = _mm512_mul_ps(product, _mm512_set1_ps(kFineScale));
+  const __m512 clamped = _mm512_min_ps(_mm512_set1_ps(top_value), _mm512_max_ps(_mm512_set1_ps(-top_value), product));
+  const __m512i codes = _mm512_cvt_roundps_epi32(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  if (lo != nullptr) {
+    const __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(codes, _mm512_set1_epi32(64)), kFineShift);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(hi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(lo),
+                     _mm512_cvtepi32_epi8(_mm512_sub_epi32(codes, _mm512_slli_epi32(hi, kFineShift))));
+  } else {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(codes));
+  }
+  return codes;
+}
+
 ARGOSY_Q512 inline GroupQ quantize_group_512(__m512 first, __m512 second, int8_t* q, int8_t* lo) {
   const float amax =
       std::max(0.0f, _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(first), _mm512_abs_ps(second))));
   const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-  const float top_value = lo != nullptr ? static_cast<float>(kFineMax) : 127.0f;
-  const __m512 top = _mm512_set1_ps(top_value), bottom = _mm512_set1_ps(-top_value);
-  __m512i codes[2];
-  const __m512 halves[2] = {first, second};
-  for (int h = 0; h < 2; ++h) {
-    __m512 product = _mm512_mul_ps(halves[h], inv);
-    if (lo != nullptr) product = _mm512_mul_ps(product, _mm512_set1_ps(kFineScale));
-    const __m512 scaled = _mm512_roundscale_ps(product, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    codes[h] = _mm512_cvtps_epi32(_mm512_min_ps(top, _mm512_max_ps(bottom, scaled)));
-    if (lo != nullptr) {
-      const __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(codes[h], _mm512_set1_epi32(64)), kFineShift);
-      const __m512i rest = _mm512_sub_epi32(codes[h], _mm512_slli_epi32(hi, kFineShift));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(hi));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + 16 * h), _mm512_cvtepi32_epi8(rest));
-    } else {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtepi32_epi8(codes[h]));
-    }
-  }
-  const int32_t qsum = _mm512_reduce_add_epi32(_mm512_add_epi32(codes[0], codes[1]));
+  const __m512i codes = _mm512_add_epi32(code_half_512(first, inv, q, lo),
+                                         code_half_512(second, inv, q + 16, lo != nullptr ? lo + 16 : nullptr));
+  const int32_t qsum = _mm512_reduce_add_epi32(codes);
   const float dx = lo != nullptr ? amax / 127.0f / kFineScale : amax / 127.0f;
   return {dx, dx * static_cast<float>(qsum), qsum};
+}
+
+// element 0 of each 128-bit lane, as the four values of one 128-bit vector
+ARGOSY_Q512 inline __m128i lane_firsts_512(__m512i v) {
+  return _mm512_castsi512_si128(
+      _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
 }
 
 // four groups' vectors folded into one: 128-bit lane j holds the max (or integer sum) over group
@@ -161,8 +171,8 @@ ARGOSY_Q512 inline __m512i fold4_add(const __m512i (&v)[4]) {
   return _mm512_add_epi32(all, _mm512_shuffle_epi32(all, _MM_PERM_CDAB));
 }
 
-// quantize_group_512 on four consecutive groups at once: the same operations on each value (the
-// clamp, then the rounding conversion: the same integers as rounding first), the reductions
+// quantize_group_512 on four consecutive groups at once: the same operations on each value
+// (code_half_512), the reductions
 // folded four groups a vector and the scalar steps (127 / amax, amax / 127, dx * sq) as vector
 // operations on four groups' lanes: the same bits, in about half the instructions
 ARGOSY_Q512 inline void quantize_four_512(const uint16_t* xb, const float* xf, int64_t rg, QuantizedRows& out) {
@@ -175,39 +185,21 @@ ARGOSY_Q512 inline void quantize_four_512(const uint16_t* xb, const float* xf, i
   const __m512 m = _mm512_max_ps(_mm512_setzero_ps(), fold4_max(amax));
   const __mmask16 positive = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
   const __m512 inv = _mm512_maskz_div_ps(positive, _mm512_set1_ps(127.0f), m);
-  const float top_value = fine ? static_cast<float>(kFineMax) : 127.0f;
-  const __m512 top = _mm512_set1_ps(top_value), bottom = _mm512_set1_ps(-top_value);
   __m512i sums[4];
   for (int j = 0; j < 4; ++j) {
     const __m512 inv_j = _mm512_shuffle_f32x4(inv, inv, 0x55 * j);
-    __m512i codes[2];
-    for (int h = 0; h < 2; ++h) {
-      __m512 product = _mm512_mul_ps(halves[2 * j + h], inv_j);
-      if (fine) product = _mm512_mul_ps(product, _mm512_set1_ps(kFineScale));
-      codes[h] = _mm512_cvt_roundps_epi32(_mm512_min_ps(top, _mm512_max_ps(bottom, product)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      int8_t* q = out.q.data() + offset + 32 * j + 16 * h;
-      if (fine) {
-        const __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(codes[h], _mm512_set1_epi32(64)), kFineShift);
-        const __m512i rest = _mm512_sub_epi32(codes[h], _mm512_slli_epi32(hi, kFineShift));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(hi));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out.lo.data() + offset + 32 * j + 16 * h),
-                         _mm512_cvtepi32_epi8(rest));
-      } else {
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(codes[h]));
-      }
-    }
-    sums[j] = _mm512_add_epi32(codes[0], codes[1]);
+    int8_t* q = out.q.data() + offset + 32 * j;
+    int8_t* lo = fine ? out.lo.data() + offset + 32 * j : nullptr;
+    sums[j] = _mm512_add_epi32(code_half_512(halves[2 * j], inv_j, q, lo),
+                               code_half_512(halves[2 * j + 1], inv_j, q + 16, fine ? lo + 16 : nullptr));
   }
   const __m512i sq = fold4_add(sums);
   __m512 dx = _mm512_div_ps(m, _mm512_set1_ps(127.0f));
   if (fine) dx = _mm512_div_ps(dx, _mm512_set1_ps(kFineScale));
   const __m512 ux = _mm512_mul_ps(dx, _mm512_cvtepi32_ps(sq));
-  const __m512i firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  _mm_storeu_ps(out.dx.data() + rg, _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, dx)));
-  _mm_storeu_ps(out.ux.data() + rg, _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, ux)));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out.sq.data() + rg),
-                   _mm512_castsi512_si128(_mm512_permutexvar_epi32(firsts, sq)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out.dx.data() + rg), lane_firsts_512(_mm512_castps_si512(dx)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out.ux.data() + rg), lane_firsts_512(_mm512_castps_si512(ux)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out.sq.data() + rg), lane_firsts_512(sq));
 }
 
 ARGOSY_Q512 void quantize_groups_512(const uint16_t* xb, const float* xf, int64_t begin, int64_t end,
@@ -255,6 +247,52 @@ QuantizedRows quantize_rows(const at::Tensor& x, int64_t groups, bool vector, bo
     }
   });
   return out;
+}
+
+// each 128-bit lane: the sum of its 16 bytes (in each of its four 32-bit places)
+ARGOSY_Q512 inline __m512i lane_sums_512(const int8_t* p) {
+  const __m512i pairs = _mm512_maddubs_epi16(_mm512_set1_epi8(1), _mm512_loadu_si512(p));
+  __m512i s = _mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
+  s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_BADC));
+  return _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
+}
+
+// code_starts' 16-code groups [i, end) four at a time (the integers of its scalar loop);
+// returns where it stopped
+ARGOSY_Q512 int64_t half_starts_512(const QuantizedRows& xr, int64_t i, int64_t end, int32_t bias, int32_t* start) {
+  for (; i + 4 <= end; i += 4) {
+    __m512i s = lane_sums_512(xr.q.data() + i * 16);
+    if (xr.fine()) s = _mm512_add_epi32(_mm512_slli_epi32(s, kFineShift), lane_sums_512(xr.lo.data() + i * 16));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(start + i),
+                     lane_firsts_512(_mm512_mullo_epi32(s, _mm512_set1_epi32(-bias))));
+  }
+  return i;
+}
+
+// the integer dot products' starting values, per row and weight group of kGroup / h codes
+// ([rows, groups, h]): -bias times the sum of x's codes over the group (the fine form's 128 * hi
+// + lo; h = 1: the quantization's own sums), so that a dot over codes stored as q + bias starts
+// at what makes it q . xq. `vector`: AVX-512 (the same integers)
+Written<int32_t> code_starts(const QuantizedRows& xr, int64_t rows, int64_t groups, int64_t h, int32_t bias,
+                             bool vector) {
+  Written<int32_t> start;
+  start.resize(static_cast<size_t>(rows * groups * h));
+  const int64_t k = groups * kGroup;
+  at::parallel_for(0, rows, std::max<int64_t>(1, 64 / std::max<int64_t>(1, k / 1024)), [&](int64_t r0, int64_t r1) {
+    int64_t i = r0 * groups * h;  // rows are contiguous: [r, g, h] is i
+    const int64_t end = r1 * groups * h;
+    if (h == 1) {
+      for (; i < end; ++i) start[static_cast<size_t>(i)] = -bias * xr.sq[static_cast<size_t>(i)];
+      return;
+    }
+    if (vector && kGroup / h == 16) i = half_starts_512(xr, i, end, bias, start.data());
+    for (; i < end; ++i) {
+      int32_t sum = 0;
+      for (int64_t b = 0; b < kGroup / h; ++b) sum += xr.code(i * (kGroup / h) + b);
+      start[static_cast<size_t>(i)] = -bias * sum;
+    }
+  });
+  return start;
 }
 
 // -- the output: fp32 or bf16 ------------------------------------------------------------------
