@@ -117,6 +117,9 @@ class SystemResult:
     notes: list[str] = field(default_factory=list)
     is_skipped: bool = False
     workload_seconds: float = 0.0  # time spent in workloads, against --budget
+    # workload -> the server tree's peak RSS while it ran (MiB; the largest over repetitions),
+    # for the workloads that gave figures
+    serving_rss_by_workload: dict[str, float] = field(default_factory=dict)
 
     def add(self, figures: dict[str, float]) -> None:
         for key, value in figures.items():
@@ -168,6 +171,7 @@ async def run_phase(
                         break
                     timeout_s = min(timeout_s, max(budget_s - result.workload_seconds, 15.0))
                 started = time.monotonic()
+                server.sampler.begin_window()
                 try:
                     figures = await asyncio.wait_for(runner.run(name, client, repetition), timeout_s)
                 except TimeoutError:
@@ -177,6 +181,11 @@ async def run_phase(
                     result.notes.append(f"{name} #{repetition + 1} failed: {error}")
                     figures = {}
                 elapsed_s = time.monotonic() - started
+                window_mib = server.sampler.end_window()
+                if figures:
+                    result.serving_rss_by_workload[name] = max(
+                        window_mib, result.serving_rss_by_workload.get(name, 0.0)
+                    )
                 result.workload_seconds += elapsed_s
                 result.add(figures)
                 shown = ", ".join(f"{key} {value:.1f}" for key, value in figures.items())
@@ -298,6 +307,19 @@ def format_ratio(argosy: list[float] | None, peer: list[float] | None, metric: M
     return f"{statistics.median(argosy) / peer_median:.2f}×"
 
 
+def serving_rss_over_common(
+    argosy: SystemResult, peer: SystemResult
+) -> tuple[float, float, list[str]] | None:
+    """Where the two systems ran different workloads (a peer cut off by --budget, or restarted
+    without the slots of one): each one's peak RSS while serving over the workloads both gave
+    figures for, and those workloads; None where both ran the same ones or none in common."""
+    mine, theirs = argosy.serving_rss_by_workload, peer.serving_rss_by_workload
+    common = [name for name in mine if name in theirs]
+    if not common or set(mine) == set(theirs):
+        return None
+    return max(mine[name] for name in common), max(theirs[name] for name in common), common
+
+
 def render_table(
     results: dict[str, SystemResult],
     workloads: Workloads,
@@ -312,6 +334,7 @@ def render_table(
         label = peers.SERVERS[name].label
         columns += [label, f"Argosy ÷ {label}"]
     lines = [header, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    notes: list[str] = []
     for metric in metrics_for(workloads):
         arrow = {True: " ↑", False: " ↓", None: ""}[metric.is_higher_better]
         cells = [metric.label + arrow]
@@ -320,14 +343,26 @@ def render_table(
             cells.append(format_value(argosy_values, metric.digits))
         for name in peer_names:
             peer_values = results[name].figures.get(metric.key)
-            cells += [
-                format_value(peer_values, metric.digits),
-                format_ratio(argosy_values, peer_values, metric),
-            ]
+            ratio = format_ratio(argosy_values, peer_values, metric)
+            common = (
+                serving_rss_over_common(argosy, results[name])
+                if metric.key == "serving_rss_mib" and argosy is not None
+                else None
+            )
+            if common is not None:
+                mine, theirs, names = common
+                marker = "¹²³⁴⁵⁶⁷⁸⁹"[min(len(notes), 8)]
+                ratio = f"{mine / theirs:.2f}× {marker}"
+                notes.append(
+                    f"{marker} Peak RSS while serving over the workloads both ran ({', '.join(names)}): Argosy "
+                    f"{mine:,.0f} MiB, {peers.SERVERS[name].label} {theirs:,.0f} MiB (the columns: each "
+                    "over all the workloads it ran)."
+                )
+            cells += [format_value(peer_values, metric.digits), ratio]
         if any(cell != "—" for cell in cells[1:]):
             lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines += footer
+    lines += [*notes, *([""] if notes else []), *footer]
     return "\n".join(lines)
 
 

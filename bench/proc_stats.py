@@ -8,7 +8,9 @@ of every pid's own peak (`sum_of_peaks_mib`, the figure before 2026-12-06) count
 that ran one after another as if they ran at once: 4 graphs' C++ builds of ~1 GB each read as
 4 GB beside the server. Once `mark_serving()` is called (the server answers its health check),
 each sample also sums the tree's current VmRSS, and the largest sum is the peak while serving
-(a spike shorter than the half-second interval can be missed). `other_cpu_percent` is the share of the machine's CPU time, over the
+(a spike shorter than the half-second interval can be missed); between `begin_window()` and
+`end_window()` (one workload) the same sum's peak is kept apart, so two systems can be compared
+over the workloads both ran. `other_cpu_percent` is the share of the machine's CPU time, over the
 sampler's life, used by processes outside the tree and outside this benchmark process: on a
 shared machine that is the noise under every figure.
 """
@@ -87,6 +89,7 @@ class ProcessTreeSampler:
         self.peak_kib_by_pid: dict[int, int] = {}
         self.serving = False
         self.serving_peak_kib = 0
+        self.window_peak_kib: int | None = None  # inside a window: its peak so far
         self.tree_peak_kib = 0
         self.cpu_ticks_by_pid: dict[int, int] = {}
         self.machine_start = machine_cpu_ticks()
@@ -120,8 +123,23 @@ class ProcessTreeSampler:
             self.tree_peak_kib = max(self.tree_peak_kib, tree_kib)
             if self.serving:
                 self.serving_peak_kib = max(self.serving_peak_kib, current_kib)
+            if self.window_peak_kib is not None:
+                self.window_peak_kib = max(self.window_peak_kib, current_kib)
             self.machine_end = machine_cpu_ticks()
             self.own_end = own_cpu_ticks()
+
+    def begin_window(self) -> None:
+        """Start keeping the tree's peak RSS apart (one workload), from this sample on."""
+        with self._lock:
+            self.window_peak_kib = 0
+        self.sample()
+
+    def end_window(self) -> float:
+        """The tree's peak RSS (MiB) since `begin_window()`, this last sample included."""
+        self.sample()
+        with self._lock:
+            peak, self.window_peak_kib = self.window_peak_kib or 0, None
+        return peak / 1024
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
