@@ -335,3 +335,27 @@ def test_packed_linear_equals_linear_in_bf16() -> None:
         torch.testing.assert_close(model(x), wanted[rows], atol=0.02, rtol=0.02)
     compiled = torch.compile(model, dynamic=True, fullgraph=True)
     torch.testing.assert_close(compiled(expected[3]), wanted[3], atol=0.02, rtol=0.02)
+
+
+def test_the_one_row_graph_compiles_its_fused_kernels_for_one_thread(
+    tiny_llama: TinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-row step's fused kernels (norms, RoPE, residual adds) work on a few thousand
+    values: OpenMP's fork and join on each cost more than the work. The one-row graph is
+    compiled with inductor's cpp.threads = 1; a graph of more rows keeps its threads."""
+    from argosy.runner.compiled import CompiledDecoder
+
+    engine = tiny_llama.engine()
+    runner = engine.runner
+    compiled = CompiledDecoder(engine.model, block_size=runner.block_size)
+    seen: list[tuple[int, int]] = []
+
+    def record(self: CompiledDecoder, input_ids: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
+        seen.append((input_ids.shape[0], torch._inductor.config.cpp.threads))
+        return torch.empty(0)
+
+    monkeypatch.setattr(CompiledDecoder, "__call__", record)
+    default = torch._inductor.config.cpp.threads
+    assert compiled.warm_up(runner.k_all, runner.v_all, runner.scratch_block, runner.dtype, [1, 4])
+    assert seen == [(1, 1), (4, default)]
+    assert torch._inductor.config.cpp.threads == default  # the setting did not outlive its graph
