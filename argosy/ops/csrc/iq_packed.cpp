@@ -483,6 +483,7 @@ ARGOSY_KQ_AVX512 void kq_avx512_tile(const uint8_t* codes, int64_t bytes, const 
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* cg = codes + g * 512;
+#pragma GCC unroll 2
     for (int hg = 0; hg < H; ++hg) {
       __m512i dot[R][T], dot_lo[R][T];
       for (int r = 0; r < R; ++r) {
