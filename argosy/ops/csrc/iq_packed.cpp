@@ -392,6 +392,7 @@ ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, const int8_t* xlo, int64
           _mm_prefetch(reinterpret_cast<const char*>(w.high + tg * (Bits - 4) * 64 + p * 64), _MM_HINT_T1);
       }
     }
+#pragma GCC unroll 2
     for (int hg = 0; hg < H; ++hg) {
       __m512i dot[R][T], dot_lo[R][T];
       for (int r = 0; r < R; ++r) {
