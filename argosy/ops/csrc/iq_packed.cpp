@@ -470,12 +470,72 @@ ARGOSY_KQ_AVX512 inline __m512i fresh_zero_512() {
   return z;
 }
 
+// The next tile block's packed bytes (codes, high bits, scales, minimums) read ahead into L2 while
+// this block's rows are computed. The tile paths read a block's packed bytes only when they unpack
+// it, all at once, so at a few dozen rows (a batched decode step) the memory read and the
+// arithmetic took turns: 32 rows through the 1.5B's gate/up ran at 2.82 ms a call with the weights
+// coming from memory and 2.50 ms from cache. The lines are spread over the rows' blocks and, in
+// each, over its weight groups, a few at a time, rather than asked for at once.
+struct TileReadAhead {
+  static constexpr int kMaxSpans = 12;
+  const char* at[kMaxSpans] = {};
+  int64_t lines[kMaxSpans] = {};
+  int spans = 0;
+  int64_t total = 0;  // lines
+
+  void add(const void* p, int64_t bytes) {
+    if (bytes <= 0 || spans == kMaxSpans) return;
+    const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+    const uintptr_t end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes);
+    at[spans] = reinterpret_cast<const char*>(first);
+    lines[spans] = static_cast<int64_t>((end - first + 63) / 64);
+    total += lines[spans++];
+  }
+
+  template <int Bits, bool Mins, int Kind>
+  void add_tile(const PackedW& w, int64_t t) {
+    add(w.nib + t * w.groups * 256, w.groups * 256);
+    if constexpr (Bits > 4) add(w.high + t * w.groups * (Bits - 4) * 64, w.groups * (Bits - 4) * 64);
+    add_scales<Kind>(w.s, t);
+    if constexpr (Mins) add_scales<Kind>(w.m, t);
+  }
+
+  template <int Kind>
+  void add_scales(const ScaleRef& s, int64_t t) {
+    const int64_t size = Kind == kHalfScales ? 2 : 1;
+    add(static_cast<const char*>(s.values) + t * s.groups * kTile * size, s.groups * kTile * size);
+    if constexpr (Kind != kHalfScales) add(s.d + t * s.supers * kTile, s.supers * kTile * 2);
+  }
+};
+
+// lines [from, to) of a TileReadAhead, `issue`d a few at a time; an empty one issues nothing
+struct ReadAheadCursor {
+  const TileReadAhead* r = nullptr;
+  int span = 0;
+  int64_t line = 0, left = 0, per_step = 0;
+
+  ReadAheadCursor() = default;
+  ReadAheadCursor(const TileReadAhead& ahead, int64_t from, int64_t to, int64_t steps)
+      : r(&ahead), left(std::max<int64_t>(0, to - from)), per_step((left + steps - 1) / std::max<int64_t>(1, steps)) {
+    while (span < ahead.spans && from >= ahead.lines[span]) from -= ahead.lines[span++];
+    line = from;
+  }
+
+  inline void issue() {
+    for (int64_t n = std::min(per_step, left); n > 0; --n) {
+      _mm_prefetch(r->at[span] + line * 64, _MM_HINT_T1);
+      --left;
+      if (++line == r->lines[span]) ++span, line = 0;
+    }
+  }
+};
+
 // R rows x T consecutive tiles (each tile's unpacked codes, scales and mins `bytes` apart): x's
 // four bytes a row broadcast once for the T tiles' dot products
 template <int R, int T, int Bits, int H, bool Mins, int Kind, bool Fine, bool ZeroStart>
 ARGOSY_KQ_AVX512 void kq_avx512_tile(const uint8_t* codes, int64_t bytes, const int8_t* xq, const int8_t* xlo,
                                      int64_t k, const float* dx, const float* ux, const int32_t* start,
-                                     int64_t groups, float* res) {
+                                     int64_t groups, float* res, ReadAheadCursor& ahead) {
   const float* scales = reinterpret_cast<const float*>(codes + groups * 512);
   const float* mins = scales + groups * H * kTile;
   const int64_t fbytes = bytes / 4;  // the same distance in floats
@@ -484,6 +544,7 @@ ARGOSY_KQ_AVX512 void kq_avx512_tile(const uint8_t* codes, int64_t bytes, const 
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* cg = codes + g * 512;
+    ahead.issue();
 #pragma GCC unroll 2
     for (int hg = 0; hg < H; ++hg) {
       __m512i dot[R][T], dot_lo[R][T];
@@ -851,18 +912,30 @@ void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
         constexpr int RB = Fine ? 4 : 6;
         alignas(64) float res[RB * 2 * kTile];
         const int64_t width = count * kTile;
+        // the next block's tiles read ahead (in one pass over the rows: a few dozen, where the
+        // read is not small beside the arithmetic), its lines shared out over the row blocks
+        TileReadAhead next;
+        if (p0 == 0 && p1 == rows) {
+          if (call.swiglu) {
+            if (t0 + 1 < half) next.add_tile<Bits, Mins, Kind>(w, t0 + 1), next.add_tile<Bits, Mins, Kind>(w, t0 + 1 + half);
+          } else {
+            for (int64_t t = t1; t < std::min(tiles, t1 + (t1 - t0)); ++t) next.add_tile<Bits, Mins, Kind>(w, t);
+          }
+        }
         auto block = [&](int64_t r0, auto rows_constant) {
           constexpr int R = decltype(rows_constant)::value;
           const RowsAt xb = rows_at(xr, r0, k, groups);
           const int32_t* st = start.data() + r0 * groups * H;
+          ReadAheadCursor ahead(next, next.total * (r0 - p0) / (p1 - p0), next.total * (r0 + R - p0) / (p1 - p0),
+                                groups);
           auto tile = [&](auto zero_start) {
             constexpr bool Z = decltype(zero_start)::value;
             if (count == 2)
               kq_avx512_tile<R, 2, Bits, H, Mins, Kind, Fine, Z>(codes, bytes, xb.q, xb.lo, k, xb.dx, xb.ux, st, groups,
-                                                                 res);
+                                                                 res, ahead);
             else
               kq_avx512_tile<R, 1, Bits, H, Mins, Kind, Fine, Z>(codes, bytes, xb.q, xb.lo, k, xb.dx, xb.ux, st, groups,
-                                                                 res);
+                                                                 res, ahead);
           };
           if (w.bias == 0)
             tile(std::true_type{});
