@@ -720,7 +720,8 @@ ARGOSY_AMX inline void put_swiglu_tile_rows(const Output& out, int64_t r0, int64
 // block's SwiGLU of the two is stored at tile t's place
 template <int Bits, int H, bool Mins, int Kind, bool Fine>
 ARGOSY_AMX void kq_amx(const int8_t* xp, const int8_t* xlp, const float* dxt, const float* uxt, int64_t row0,
-                       int64_t rows, const PackedW& w, int64_t t0, int64_t t1, const Output& out, int64_t half) {
+                       int64_t rows, const PackedW& w, int64_t t0, int64_t t1, const Output& out, int64_t half,
+                       bool read_ahead) {
   const int64_t groups = w.groups, k = groups * kGroup, steps = groups * H;
   const int parts = half > 0 ? 2 : 1;
   // a tile's signed codes, then its scales per step and its mins per group as 16 floats each
@@ -747,8 +748,15 @@ ARGOSY_AMX void kq_amx(const int8_t* xp, const int8_t* xlp, const float* dxt, co
       for (int64_t i = 0; i < steps; ++i) _mm512_store_ps(scales + i * kTile, scales_16<Kind>(w.s, tile, i));
     }
     ARGOSY_MEMORY_BARRIER();
+    TileReadAhead next;  // the next tile (and its up tile) read ahead over the row blocks
+    if (read_ahead && t + 1 < t1) {
+      next.add_tile<Bits, Mins, Kind>(w, t + 1);
+      if (parts == 2) next.add_tile<Bits, Mins, Kind>(w, t + 1 + half);
+    }
     for (int64_t r0 = row0; r0 < rows; r0 += 16) {
       const int64_t nr = std::min<int64_t>(16, rows - r0);
+      ReadAheadCursor ahead(next, next.total * (r0 - row0) / (rows - row0),
+                            next.total * std::min(rows - row0, r0 + 16 - row0) / (rows - row0), steps * parts);
       const float* dx_block = dxt + r0 * groups;
       const float* ux_block = uxt + r0 * groups;
       __m512 acc[16];
@@ -764,6 +772,7 @@ ARGOSY_AMX void kq_amx(const int8_t* xp, const int8_t* xlp, const float* dxt, co
         for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
         kq_amx_issue<0, H, Fine>(xp, xlp, b, r0 * k, k, 0, dots, dots_lo);
         for (int64_t i = 0; i < steps; ++i) {
+          ahead.issue();
           if (i + 1 < steps) kq_amx_issue<1, H, Fine>(xp, xlp, b, r0 * k, k, i + 1, dots, dots_lo);
           ARGOSY_MEMORY_BARRIER();
           const int64_t g = i / H;
@@ -852,7 +861,8 @@ void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
     for (int64_t p0 = 0; p0 < rows; p0 += pass) {
       const int64_t p1 = std::min(rows, p0 + pass);
       at::parallel_for(0, blocks, grain, [&](int64_t t0, int64_t t1) {
-        kq_amx<Bits, H, Mins, Kind, Fine>(xp.get(), xlp.get(), dxt.get(), uxt.get(), p0, p1, w, t0, t1, o, half);
+        kq_amx<Bits, H, Mins, Kind, Fine>(xp.get(), xlp.get(), dxt.get(), uxt.get(), p0, p1, w, t0, t1, o, half,
+                                          p0 == 0 && p1 == rows);
       });
     }
     return;
