@@ -386,10 +386,19 @@ ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, const int8_t* xlo, int64
   for (int64_t g = 0; g < groups; ++g) {
     if (prefetch) {  // the next tile block's group: its memory read overlaps this block's arithmetic
       for (int t = 0; t < T; ++t) {
-        const int64_t tg = (t0 + T + t) * groups + g;
+        const int64_t tn = t0 + T + t;
+        const int64_t tg = tn * groups + g;
         for (int c = 0; c < 4; ++c) _mm_prefetch(reinterpret_cast<const char*>(w.nib + tg * 256 + c * 64), _MM_HINT_T1);
         for (int p = 0; p < Bits - 4; ++p)
           _mm_prefetch(reinterpret_cast<const char*>(w.high + tg * (Bits - 4) * 64 + p * 64), _MM_HINT_T1);
+        // its scales' and minimums' lines too (16 a weight group and tile, one or two bytes each):
+        // left to the hardware's prefetcher beside the codes' streams, the 1.5B's one-row step on
+        // an AVX-512 EPYC (Zen 4) ran 5% slower, the fine-form Q6_K head 8-28%
+        constexpr int64_t kBytes = Kind == kHalfScales ? 2 : 1;
+        if (((g * H * kBytes) & 3) == 0)
+          _mm_prefetch(static_cast<const char*>(w.s.values) + (tn * w.s.groups + g * H) * kTile * kBytes, _MM_HINT_T1);
+        if (Mins && ((g * kBytes) & 3) == 0)
+          _mm_prefetch(static_cast<const char*>(w.m.values) + (tn * w.m.groups + g) * kTile * kBytes, _MM_HINT_T1);
       }
     }
 #pragma GCC unroll 2
