@@ -58,6 +58,8 @@ namespace {
 using namespace argosy_iq;
 
 enum ScaleKind : int { kHalfScales = 0, kSuperU8 = 1, kSuperI8 = 2 };
+template <int Kind>
+constexpr int64_t kScaleBytes = Kind == kHalfScales ? 2 : 1;  // a scale's (or minimum's) bytes
 
 // one per-tile array of scales (or minimums): [T, per_tile / 16, 16], with, for a super form,
 // d float16 [T, supers, 16] (one per 256 weights: per_super weight groups)
@@ -394,7 +396,7 @@ ARGOSY_KQ_AVX512 void kq_avx512_block(const int8_t* xq, const int8_t* xlo, int64
         // its scales' and minimums' lines too (16 a weight group and tile, one or two bytes each):
         // left to the hardware's prefetcher beside the codes' streams, the 1.5B's one-row step on
         // an AVX-512 EPYC (Zen 4) ran 5% slower, the fine-form Q6_K head 8-28%
-        constexpr int64_t kBytes = Kind == kHalfScales ? 2 : 1;
+        constexpr int64_t kBytes = kScaleBytes<Kind>;
         if (((g * H * kBytes) & 3) == 0)
           _mm_prefetch(static_cast<const char*>(w.s.values) + (tn * w.s.groups + g * H) * kTile * kBytes, _MM_HINT_T1);
         if (Mins && ((g * kBytes) & 3) == 0)
@@ -511,7 +513,7 @@ struct TileReadAhead {
 
   template <int Kind>
   void add_scales(const ScaleRef& s, int64_t t) {
-    const int64_t size = Kind == kHalfScales ? 2 : 1;
+    constexpr int64_t size = kScaleBytes<Kind>;
     add(static_cast<const char*>(s.values) + t * s.groups * kTile * size, s.groups * kTile * size);
     if constexpr (Kind != kHalfScales) add(s.d + t * s.supers * kTile, s.supers * kTile * 2);
   }
@@ -528,6 +530,12 @@ struct ReadAheadCursor {
       : r(&ahead), left(std::max<int64_t>(0, to - from)), per_step((left + steps - 1) / std::max<int64_t>(1, steps)) {
     while (span < ahead.spans && from >= ahead.lines[span]) from -= ahead.lines[span++];
     line = from;
+  }
+
+  // the share of rows [r0, r1) of a pass over rows [first, last): its lines in proportion
+  static ReadAheadCursor rows_share(const TileReadAhead& ahead, int64_t r0, int64_t r1, int64_t first, int64_t last,
+                                    int64_t steps) {
+    return {ahead, ahead.total * (r0 - first) / (last - first), ahead.total * (r1 - first) / (last - first), steps};
   }
 
   inline void issue() {
@@ -764,8 +772,7 @@ ARGOSY_AMX void kq_amx(const int8_t* xp, const int8_t* xlp, const float* dxt, co
     }
     for (int64_t r0 = row0; r0 < rows; r0 += 16) {
       const int64_t nr = std::min<int64_t>(16, rows - r0);
-      ReadAheadCursor ahead(next, next.total * (r0 - row0) / (rows - row0),
-                            next.total * std::min(rows - row0, r0 + 16 - row0) / (rows - row0), steps * parts);
+      ReadAheadCursor ahead = ReadAheadCursor::rows_share(next, r0, std::min(rows, r0 + 16), row0, rows, steps * parts);
       const float* dx_block = dxt + r0 * groups;
       const float* ux_block = uxt + r0 * groups;
       __m512 acc[16];
@@ -945,8 +952,7 @@ void kq_run_form(const LinearCall& call, int64_t tiles, const PackedW& w) {
           constexpr int R = decltype(rows_constant)::value;
           const RowsAt xb = rows_at(xr, r0, k, groups);
           const int32_t* st = start.data() + r0 * groups * H;
-          ReadAheadCursor ahead(next, next.total * (r0 - p0) / (p1 - p0), next.total * (r0 + R - p0) / (p1 - p0),
-                                groups);
+          ReadAheadCursor ahead = ReadAheadCursor::rows_share(next, r0, r0 + R, p0, p1, groups);
           auto tile = [&](auto zero_start) {
             constexpr bool Z = decltype(zero_start)::value;
             if (count == 2)
